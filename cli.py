@@ -1,0 +1,5 @@
+"""Top-level entry: `python cli.py ...` is the same as the `ngramspec` command."""
+from ngramspec.cli import run
+
+if __name__ == "__main__":
+    run()

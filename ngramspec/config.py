@@ -1,0 +1,252 @@
+"""One typed configuration for speculation, and the flags generated from it.
+
+Invariants:
+- Every setting has exactly one definition here (`SPEC_OPTIONS`): its flags, its
+  type, its default and its valid range. The CLI, the server and the library all
+  build a `SpecConfig` through `spec_config_from_options`, so a setting cannot mean
+  different things in different places.
+- A `SpecConfig` that exists has been validated; bad values raise `ConfigError`
+  naming the valid values.
+- Defaults are llama.cpp's (common/common.h): ngram-simple/-map-k/-map-k4v n=12,
+  m=48, min-hits=1; ngram-mod n_match=24, n_min=48, n_max=64.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Sequence
+
+from .errors import ConfigError
+
+#: llama.cpp's names of the draftless speculation methods, in llama.cpp's order.
+SPEC_TYPES: tuple[str, ...] = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
+#: Pseudo-types accepted by `--spec-type`: "none" disables speculation.
+OFF_TYPES = ("none",)
+NGRAM_LIMIT = 1024  # llama.cpp's bound for every n-gram size (inclusive)
+DEFAULT_POOL_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class NgramMapParams:
+    """Parameters of ngram-simple, ngram-map-k and ngram-map-k4v."""
+
+    size_n: int = 12  # length of the key n-gram looked up in the history
+    size_m: int = 48  # length of the drafted m-gram that followed the key
+    min_hits: int = 1  # times a key must be found before it drafts (map-k, map-k4v)
+
+
+@dataclass(frozen=True)
+class NgramModParams:
+    """Parameters of ngram-mod."""
+
+    n_match: int = 24  # length of the hashed n-gram
+    n_min: int = 48  # drafts shorter than this are discarded
+    n_max: int = 64  # longest draft
+
+
+@dataclass(frozen=True)
+class SpecConfig:
+    """Everything that decides what a drafter chain proposes.
+
+    `types` is the ordered drafter chain (first non-empty draft wins); empty means
+    speculation is off. `draft_max` caps every draft (None: each type's own
+    maximum); drafts shorter than `draft_min` are dropped.
+    """
+
+    types: tuple[str, ...] = ("ngram-mod",)
+    draft_min: int = 0
+    draft_max: int | None = None
+    ngram_simple: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_map_k: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_map_k4v: NgramMapParams = field(default_factory=NgramMapParams)
+    ngram_mod: NgramModParams = field(default_factory=NgramModParams)
+    pool_bytes: int = DEFAULT_POOL_BYTES
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.types)
+
+    def max_draft(self) -> int:
+        """Longest draft any type in the chain can propose, after `draft_max`."""
+        own = [self._type_max(t) for t in self.types] or [0]
+        cap = max(own)
+        return cap if self.draft_max is None else min(cap, self.draft_max)
+
+    def _type_max(self, name: str) -> int:
+        if name == "ngram-mod":
+            return self.ngram_mod.n_max
+        return self.map_params(name).size_m
+
+    def map_params(self, name: str) -> NgramMapParams:
+        """The NgramMapParams of one of the three map-style types."""
+        return {"ngram-simple": self.ngram_simple, "ngram-map-k": self.ngram_map_k,
+                "ngram-map-k4v": self.ngram_map_k4v}[name]
+
+    def with_types(self, types: str | Sequence[str]) -> "SpecConfig":
+        return replace(self, types=parse_spec_types(types))
+
+
+def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
+    """Parse llama.cpp's `--spec-type` value: a comma list, or "none".
+
+    >>> parse_spec_types("ngram-mod,ngram-map-k4v")
+    ('ngram-mod', 'ngram-map-k4v')
+    >>> parse_spec_types("none")
+    ()
+    """
+    if value is None:
+        return ()
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = [str(v).strip().lower() for v in items if str(v).strip()]
+    if not names:
+        raise ConfigError(f"--spec-type is empty; valid values: {valid_types_text()}")
+    if any(n in OFF_TYPES for n in names):
+        if len(names) > 1:
+            raise ConfigError("--spec-type 'none' cannot be combined with other types")
+        return ()
+    unknown = [n for n in names if n not in SPEC_TYPES]
+    if unknown:
+        raise ConfigError(f"unknown spec type {unknown[0]!r}; valid values: {valid_types_text()}")
+    return tuple(dict.fromkeys(names))  # keep order, drop repeats
+
+
+def valid_types_text() -> str:
+    return ", ".join(SPEC_TYPES + OFF_TYPES)
+
+
+def _check_range(what: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{what} must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f">= {lo}"
+        raise ConfigError(f"{what} must be {bound}, got {value}")
+
+
+def validate(cfg: SpecConfig) -> None:
+    """Raise ConfigError for the first invalid field of `cfg`."""
+    for t in cfg.types:
+        if t not in SPEC_TYPES:
+            raise ConfigError(f"unknown spec type {t!r}; valid values: {valid_types_text()}")
+    for name in SPEC_TYPES[:3]:
+        p = cfg.map_params(name)
+        flag = name.replace("ngram-", "--spec-ngram-")
+        _check_range(f"{flag}-size-n (n)", p.size_n, 1, NGRAM_LIMIT)
+        _check_range(f"{flag}-size-m (m)", p.size_m, 1, NGRAM_LIMIT)
+        _check_range(f"{flag}-min-hits", p.min_hits, 1, 65535)
+    mod = cfg.ngram_mod
+    _check_range("--spec-ngram-mod-n-match (n)", mod.n_match, 1, NGRAM_LIMIT)
+    _check_range("--spec-ngram-mod-n-min", mod.n_min, 0, NGRAM_LIMIT)
+    _check_range("--spec-ngram-mod-n-max (m)", mod.n_max, 1, NGRAM_LIMIT)
+    if mod.n_min > mod.n_max:
+        raise ConfigError(f"--spec-ngram-mod-n-min ({mod.n_min}) must not exceed "
+                          f"--spec-ngram-mod-n-max ({mod.n_max})")
+    _check_range("--draft-min", cfg.draft_min, 0)
+    if cfg.draft_max is not None:
+        _check_range("--draft-max", cfg.draft_max, 0)
+        if cfg.draft_min > cfg.draft_max:
+            raise ConfigError(f"--draft-min ({cfg.draft_min}) must not exceed --draft-max "
+                              f"({cfg.draft_max})")
+    _check_range("--spec-pool-mib (pool size in bytes)", cfg.pool_bytes, 1 << 16)
+    if cfg.pool_bytes & (cfg.pool_bytes - 1):
+        raise ConfigError(f"pool size must be a power of two bytes, got {cfg.pool_bytes}")
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class SpecOption:
+    """One user-facing setting: its flags (first is canonical), target and help.
+
+    `targets` are dotted SpecConfig paths the value is written to; a generic
+    flag (e.g. --spec-ngram-size-n) writes every type's field, a per-type flag
+    (applied later) overrides just its own.
+    """
+
+    dest: str
+    flags: tuple[str, ...]
+    targets: tuple[str, ...]
+    help: str
+    kind: type = int
+    generic: bool = False
+
+
+_MAPS = ("ngram_simple", "ngram_map_k", "ngram_map_k4v")
+
+SPEC_OPTIONS: tuple[SpecOption, ...] = (
+    SpecOption("draft_max", ("--draft-max", "--draft-n", "--draft", "--spec-draft-n-max"),
+               ("draft_max",), "cap on draft length for every spec type (default: the type's own max)"),
+    SpecOption("draft_min", ("--draft-min", "--draft-n-min", "--spec-draft-n-min"),
+               ("draft_min",), "drafts shorter than this are dropped (default: 0)"),
+    SpecOption("spec_ngram_size_n", ("--spec-ngram-size-n",),
+               tuple(f"{m}.size_n" for m in _MAPS) + ("ngram_mod.n_match",),
+               "key n-gram length for every ngram type (ngram-mod: n_match)", generic=True),
+    SpecOption("spec_ngram_size_m", ("--spec-ngram-size-m",),
+               tuple(f"{m}.size_m" for m in _MAPS) + ("ngram_mod.n_max",),
+               "drafted m-gram length for every ngram type (ngram-mod: n_max)", generic=True),
+    SpecOption("spec_ngram_min_hits", ("--spec-ngram-min-hits",),
+               tuple(f"{m}.min_hits" for m in _MAPS),
+               "hits before a key drafts (ngram-map-k, ngram-map-k4v)", generic=True),
+    SpecOption("spec_ngram_mod_n_match", ("--spec-ngram-mod-n-match",), ("ngram_mod.n_match",),
+               "ngram-mod lookup length (default: 24)"),
+    SpecOption("spec_ngram_mod_n_min", ("--spec-ngram-mod-n-min",), ("ngram_mod.n_min",),
+               "ngram-mod minimum draft (default: 48)"),
+    SpecOption("spec_ngram_mod_n_max", ("--spec-ngram-mod-n-max",), ("ngram_mod.n_max",),
+               "ngram-mod maximum draft (default: 64)"),
+) + tuple(
+    SpecOption(f"spec_{m}_{f}", (f"--spec-{m.replace('_', '-')}-{f.replace('_', '-')}",),
+               (f"{m}.{f}",),
+               f"{m.replace('_', '-')} {f.replace('_', '-')} (default: {d})")
+    for m in _MAPS for f, d in (("size_n", 12), ("size_m", 48), ("min_hits", 1))
+)
+
+
+def _set_path(values: dict[str, Any], path: str, value: Any) -> None:
+    head, _, leaf = path.partition(".")
+    if not leaf:
+        values[head] = value
+    else:
+        values.setdefault(head, {})[leaf] = value
+
+
+def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
+                             pool_bytes: int | None = None, **options: Any) -> SpecConfig:
+    """Build a validated SpecConfig from flat option values keyed by `SpecOption.dest`.
+
+    None values mean "not given". Generic options are applied before per-type ones,
+    so `--spec-ngram-size-n 8 --spec-ngram-map-k-size-n 4` gives map-k n=4, others 8.
+    """
+    known = {o.dest: o for o in SPEC_OPTIONS}
+    unknown = set(options) - set(known)
+    if unknown:
+        raise ConfigError(f"unknown speculation option(s): {', '.join(sorted(unknown))}")
+    values: dict[str, Any] = {}
+    ordered = sorted(SPEC_OPTIONS, key=lambda o: not o.generic)
+    for opt in ordered:
+        v = options.get(opt.dest)
+        if v is None:
+            continue
+        for target in opt.targets:
+            _set_path(values, target, v)
+    kwargs: dict[str, Any] = {}
+    for key, v in values.items():
+        if isinstance(v, dict):
+            base = NgramModParams() if key == "ngram_mod" else NgramMapParams()
+            kwargs[key] = replace(base, **v)
+        else:
+            kwargs[key] = v
+    mod = kwargs.get("ngram_mod")
+    if mod is not None and options.get("spec_ngram_mod_n_min") is None and mod.n_min > mod.n_max:
+        # a shorter n_max given without n_min: lower n_min with it rather than refuse
+        kwargs["ngram_mod"] = replace(mod, n_min=mod.n_max)
+    if spec_type is not None:
+        kwargs["types"] = parse_spec_types(spec_type)
+    if pool_bytes is not None:
+        kwargs["pool_bytes"] = pool_bytes
+    return SpecConfig(**kwargs)
+
+
+def option_dests() -> Iterable[str]:
+    return (o.dest for o in SPEC_OPTIONS)

@@ -1,0 +1,112 @@
+"""The drafter registry and the ordered chain behind `--spec-type a,b,...`.
+
+Invariants:
+- One `HashPool` per chain, shared by all its drafters and all sequences.
+- `draft` asks the drafters in order and returns the first non-empty draft,
+  truncated to min(max_len, draft_max); a draft shorter than draft_min is
+  dropped (empty result). Only the drafter that produced the draft gets
+  `accept` for that step (llama.cpp's `impl_last`).
+- Stats follow llama.cpp: calls, generated/accepted drafts and tokens, time.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..config import SPEC_TYPES, SpecConfig
+from ..errors import ConfigError
+from ..pool import HashPool
+from ..stats import DrafterStats
+from .base import EMPTY, Drafter
+from .ngram_map import NgramMapK, NgramMapK4V
+from .ngram_mod import NgramMod
+from .ngram_simple import NgramSimple
+
+#: llama.cpp name -> factory(config, pool)
+REGISTRY: dict[str, Callable[[SpecConfig, HashPool], Drafter]] = {
+    "ngram-simple": lambda c, p: NgramSimple(c.ngram_simple, p),
+    "ngram-map-k": lambda c, p: NgramMapK(c.ngram_map_k, p),
+    "ngram-map-k4v": lambda c, p: NgramMapK4V(c.ngram_map_k4v, p),
+    "ngram-mod": lambda c, p: NgramMod(c.ngram_mod, p),
+}
+assert tuple(REGISTRY) == SPEC_TYPES
+
+
+def make_drafter(name: str, config: SpecConfig | None = None,
+                 pool: HashPool | None = None) -> Drafter:
+    """One drafter by llama.cpp name, with `config`'s parameters (defaults if None)."""
+    if name not in REGISTRY:
+        raise ConfigError(f"unknown spec type {name!r}; valid values: {', '.join(SPEC_TYPES)}")
+    config = config or SpecConfig(types=(name,))
+    return REGISTRY[name](config, pool or HashPool(config.pool_bytes))
+
+
+class DrafterChain:
+    """An ordered list of drafters on one pool, itself a `Drafter`."""
+
+    name = "chain"
+
+    def __init__(self, config: SpecConfig, pool: HashPool | None = None,
+                 drafters: list[Drafter] | None = None):
+        self.config = config
+        self.pool = pool or HashPool(config.pool_bytes)
+        self.drafters = drafters if drafters is not None else [
+            REGISTRY[t](config, self.pool) for t in config.types]
+        self.stats = {d.name: DrafterStats(d.name) for d in self.drafters}
+        self._last: dict[int, Drafter | None] = {}
+        self._cap = config.draft_max if config.draft_max is not None else 1 << 30
+        self._min = max(config.draft_min, 1)
+
+    def begin(self, seq_id: int, prompt: np.ndarray) -> None:
+        self._last[seq_id] = None
+        for d in self.drafters:
+            t0 = time.perf_counter_ns()
+            d.begin(seq_id, prompt)
+            st = self.stats[d.name]
+            st.t_begin_us += (time.perf_counter_ns() - t0) / 1e3
+            st.n_call_begin += 1
+
+    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+        self._last[seq_id] = None
+        max_len = min(max_len, self._cap)
+        if max_len < self._min:
+            return EMPTY
+        for d in self.drafters:
+            t0 = time.perf_counter_ns()
+            out = d.draft(seq_id, history, sampled, max_len)
+            st = self.stats[d.name]
+            st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
+            st.n_call_draft += 1
+            if len(out):
+                out = out[:max_len]
+                if len(out) < self._min:
+                    # too short to verify; tell the drafter nothing was accepted
+                    d.accept(seq_id, 0)
+                    return EMPTY
+                self._last[seq_id] = d
+                st.n_gen_drafts += 1
+                st.n_gen_tokens += len(out)
+                return out
+        return EMPTY
+
+    def accept(self, seq_id: int, n_accepted: int) -> None:
+        d = self._last.get(seq_id)
+        if d is None:
+            return
+        self._last[seq_id] = None
+        t0 = time.perf_counter_ns()
+        d.accept(seq_id, n_accepted)
+        st = self.stats[d.name]
+        st.t_accept_us += (time.perf_counter_ns() - t0) / 1e3
+        st.record_accept(n_accepted)
+
+    def end(self, seq_id: int) -> None:
+        self._last.pop(seq_id, None)
+        for d in self.drafters:
+            d.end(seq_id)
+
+    @property
+    def last_drafter(self) -> dict[int, Drafter | None]:
+        return self._last

@@ -1,0 +1,178 @@
+"""Replay: measure a drafter on a recorded token stream, without a model.
+
+`replay` walks a recorded greedy stream exactly as the verify loop would: at
+each step the drafter sees the history and the last sampled token, proposes a
+draft (capped so the step never overshoots the stream), the draft is checked
+against the true continuation, and the step advances by accepted + 1 tokens.
+
+Invariants: steps * 1 + accepted == len(generated) - 1 (each step emits the
+accepted draft tokens plus one token from the target); the drafter receives
+exactly the begin/draft/accept/end calls the engine would make.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+
+from .config import SPEC_TYPES, SpecConfig
+from .drafters import DrafterChain, as_tokens
+from .errors import NgramSpecError
+
+
+@dataclass
+class Stream:
+    """A recorded workload: prompt tokens and the target's greedy continuation."""
+
+    name: str
+    prompt: np.ndarray
+    generated: np.ndarray
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return np.concatenate([self.prompt, self.generated])
+
+
+def load_stream(path: str | Path) -> Stream:
+    """Load a fixture stream JSON ({"prompt_tokens": [...], "generated_tokens": [...]})."""
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise NgramSpecError(f"stream file not found: {p}") from None
+    except (OSError, ValueError) as e:
+        raise NgramSpecError(f"cannot read stream {p}: {e}") from None
+    if not isinstance(data, dict) or "prompt_tokens" not in data or "generated_tokens" not in data:
+        raise NgramSpecError(f"{p} is not a token stream: expected JSON with "
+                             "'prompt_tokens' and 'generated_tokens'")
+    return Stream(name=str(data.get("name", p.stem)),
+                  prompt=as_tokens(data["prompt_tokens"], f"{p.name}: prompt_tokens"),
+                  generated=as_tokens(data["generated_tokens"], f"{p.name}: generated_tokens"),
+                  meta={k: v for k, v in data.items() if not k.endswith("_tokens")})
+
+
+@dataclass
+class ReplayResult:
+    name: str
+    n_prompt: int
+    n_generated: int
+    steps: int
+    drafts: int
+    drafted: int
+    accepted: int
+    draft_ns: np.ndarray
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens emitted per verify step, bonus token included."""
+        return (self.n_generated - 1) / self.steps if self.steps else 0.0
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    def percentile_us(self, q: float) -> float:
+        return float(np.percentile(self.draft_ns, q)) / 1e3 if len(self.draft_ns) else 0.0
+
+    def as_dict(self) -> dict:
+        return {"name": self.name, "n_prompt": self.n_prompt, "n_generated": self.n_generated,
+                "steps": self.steps, "tokens_per_step": self.tokens_per_step,
+                "drafts": self.drafts, "drafted": self.drafted, "accepted": self.accepted,
+                "acceptance_rate": self.acceptance_rate,
+                "draft_p50_us": self.percentile_us(50), "draft_p99_us": self.percentile_us(99)}
+
+
+def replay(chain: DrafterChain, prompt: np.ndarray, generated: np.ndarray, *,
+           name: str = "", max_draft: int | None = None, seq_id: int = 0) -> ReplayResult:
+    """Replay `generated` (the target's output after `prompt`) through `chain`.
+
+    The first generated token is what prompt processing sampled; every later one
+    is produced by a verify step. A draft never exceeds the tokens left minus one.
+    """
+    prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
+    tokens = np.concatenate([prompt, generated])
+    P, G = len(prompt), len(generated)
+    chain.begin(seq_id, prompt)
+    pos, steps, drafts, drafted, accepted = 0, 0, 0, 0, 0
+    times: list[int] = []
+    cap = max_draft if max_draft is not None else 1 << 30
+    while pos < G - 1:
+        room = min(cap, G - 2 - pos)  # accepted + 1 <= tokens left after `sampled`
+        t0 = time.perf_counter_ns()
+        draft = chain.draft(seq_id, tokens[:P + pos], int(generated[pos]), room)
+        times.append(time.perf_counter_ns() - t0)
+        n_acc = 0
+        if len(draft):
+            truth = generated[pos + 1:pos + 1 + len(draft)]
+            neq = np.flatnonzero(draft != truth)
+            n_acc = int(neq[0]) if len(neq) else len(draft)
+            chain.accept(seq_id, n_acc)
+            drafts += 1
+            drafted += len(draft)
+            accepted += n_acc
+        pos += n_acc + 1
+        steps += 1
+    chain.end(seq_id)
+    return ReplayResult(name or ",".join(chain.config.types), P, G, steps, drafts, drafted,
+                        accepted, np.asarray(times, dtype=np.int64))
+
+
+def replay_types(stream: Stream, config: SpecConfig, types: Iterable[str] | None = None,
+                 max_draft: int | None = None) -> list[ReplayResult]:
+    """Replay every spec type (default: all four) with `config`'s parameters, each on
+    a fresh pool, plus the configured chain if it has several types."""
+    rows = []
+    for t in types or SPEC_TYPES:
+        chain = DrafterChain(config.with_types(t))
+        rows.append(replay(chain, stream.prompt, stream.generated, name=t, max_draft=max_draft))
+    if len(config.types) > 1:
+        rows.append(replay(DrafterChain(config), stream.prompt, stream.generated,
+                           max_draft=max_draft))
+    return rows
+
+
+# ------------------------------------------------------------------ drafter cost
+
+
+@dataclass
+class CostResult:
+    name: str
+    history: int
+    calls: int
+    p50_us: float
+    p99_us: float
+    ingest_tokens: int
+    ingest_tok_per_s: float
+
+
+def tile(tokens: np.ndarray, length: int) -> np.ndarray:
+    reps = -(-length // max(len(tokens), 1))
+    return np.tile(tokens, reps)[:length].astype(np.int32)
+
+
+def drafter_cost(stream: Stream, config: SpecConfig, name: str, history: int = 8192,
+                 calls: int = 400, ingest: int = 65536,
+                 clock: Callable[[], int] = time.perf_counter_ns) -> CostResult:
+    """Per-call draft time at `history` tokens of context, and prompt ingestion rate.
+
+    History is the stream tiled to length; the drafter begins on the first
+    `history` tokens and then replays `calls` steps (so it drafts, accepts and
+    indexes as in generation). Ingestion times `begin` on a fresh pool with an
+    `ingest`-token prompt.
+    """
+    cfg = config.with_types(name)
+    toks = tile(stream.tokens, history + 4 * calls + 2)
+    res = replay(DrafterChain(cfg), toks[:history], toks[history:], name=name)
+    times = res.draft_ns[:calls]
+    big = tile(stream.tokens, ingest)
+    chain = DrafterChain(cfg)
+    t0 = clock()
+    chain.begin(0, big)
+    dt = max(clock() - t0, 1)
+    return CostResult(name, history, len(times), float(np.percentile(times, 50)) / 1e3,
+                      float(np.percentile(times, 99)) / 1e3, ingest, ingest / (dt / 1e9))

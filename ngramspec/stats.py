@@ -1,0 +1,67 @@
+"""Per-drafter counters with llama.cpp's meaning, and their llama.cpp-style lines.
+
+Invariants: `n_acc_tokens <= n_gen_tokens`; `n_acc_drafts <= n_gen_drafts`;
+`acc_per_pos[i]` counts drafts whose first i+1 tokens were accepted, so it is
+non-increasing in i and `sum(acc_per_pos) == n_acc_tokens`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DrafterStats:
+    """What llama.cpp's `common_speculative_print_stats` reports for one implementation."""
+
+    name: str
+    n_call_begin: int = 0
+    n_call_draft: int = 0
+    n_call_accept: int = 0
+    n_gen_drafts: int = 0
+    n_acc_drafts: int = 0
+    n_gen_tokens: int = 0
+    n_acc_tokens: int = 0
+    t_begin_us: float = 0.0
+    t_draft_us: float = 0.0
+    t_accept_us: float = 0.0
+    acc_per_pos: list[int] = field(default_factory=list)
+
+    def record_accept(self, n_accepted: int) -> None:
+        self.n_call_accept += 1
+        if len(self.acc_per_pos) < n_accepted:
+            self.acc_per_pos.extend([0] * (n_accepted - len(self.acc_per_pos)))
+        for i in range(n_accepted):
+            self.acc_per_pos[i] += 1
+        if n_accepted > 0:
+            self.n_acc_drafts += 1
+            self.n_acc_tokens += n_accepted
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.n_acc_tokens / self.n_gen_tokens if self.n_gen_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """1 + accepted tokens per verified draft (llama.cpp's `#mean acc len`)."""
+        return 1.0 + self.n_acc_tokens / self.n_call_accept if self.n_call_accept else 1.0
+
+    def line(self) -> str:
+        """llama.cpp's `statistics <type>: ...` line."""
+        name = self.name.replace("-", "_")
+        return (f"statistics {name}: #calls(b,g,a) = {self.n_call_begin} {self.n_call_draft} "
+                f"{self.n_call_accept}, #gen drafts = {self.n_gen_drafts}, #acc drafts = "
+                f"{self.n_acc_drafts}, #gen tokens = {self.n_gen_tokens}, #acc tokens = "
+                f"{self.n_acc_tokens}, dur(b,g,a) = {self.t_begin_us / 1e3:.3f}, "
+                f"{self.t_draft_us / 1e3:.3f}, {self.t_accept_us / 1e3:.3f} ms")
+
+    def as_dict(self) -> dict:
+        d = {k: v for k, v in self.__dict__.items()}
+        d["acceptance_rate"] = self.acceptance_rate
+        d["mean_acceptance_length"] = self.mean_acceptance_length
+        return d
+
+
+def acceptance_line(accepted: int, generated: int) -> str:
+    """llama.cpp's `draft acceptance rate = ...` line."""
+    rate = accepted / generated if generated else 0.0
+    return f"draft acceptance rate = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated)"
