@@ -148,7 +148,7 @@ def validate(cfg: SpecConfig) -> None:
         if cfg.draft_min > cfg.draft_max:
             raise ConfigError(f"--draft-min ({cfg.draft_min}) must not exceed --draft-max "
                               f"({cfg.draft_max})")
-    _check_range("--spec-pool-mib (pool size in bytes)", cfg.pool_bytes, 1 << 16)
+    _check_range("pool size (bytes)", cfg.pool_bytes, 1 << 13)
     if cfg.pool_bytes & (cfg.pool_bytes - 1):
         raise ConfigError(f"pool size must be a power of two bytes, got {cfg.pool_bytes}")
 

@@ -51,24 +51,25 @@ def value_counts(history: np.ndarray, key: list[int], n: int, m: int,
     j + n + m <= len(history); values are ordered by first appearance and only
     the first `max_values` distinct ones are counted (later new ones are ignored).
     `first start` is the position where that value's m tokens begin.
+    The scan is `bytes.find` over the int32 history (C speed, no per-token Python).
     """
-    limit = len(history) - n - m + 1
-    if limit <= 0:
-        return []
-    cands = np.flatnonzero(history[:limit] == key[0])
-    if len(cands) == 0:
-        return []
-    if n > 1:
-        win = history[cands[:, None] + np.arange(1, n)]
-        cands = cands[(win == np.asarray(key[1:], dtype=history.dtype)).all(axis=1)]
+    hb = np.ascontiguousarray(history, dtype=np.int32).tobytes()
+    kb = np.asarray(key, dtype=np.int32).tobytes()
+    end = (len(history) - m) * 4  # occurrences must leave m tokens after the key
     values: dict[bytes, list[int]] = {}
-    for j in cands.tolist():
-        v = history[j + n:j + n + m].tobytes()
+    i = hb.find(kb, 0, end)
+    while i >= 0:
+        if i % 4:  # not token-aligned: a byte-level false match
+            i = hb.find(kb, i + 1, end)
+            continue
+        v0 = i // 4 + n
+        v = hb[v0 * 4:(v0 + m) * 4]
         slot = values.get(v)
         if slot is not None:
             slot[1] = min(slot[1] + 1, MAX_COUNT)
         elif len(values) < max_values:
-            values[v] = [j + n, 1]
+            values[v] = [v0, 1]
+        i = hb.find(kb, i + 4, end)
     return [(s, c) for s, c in values.values()]
 
 
@@ -96,14 +97,25 @@ class _MapBase:
         self.pool = pool
         self.index = SeqIndex(pool, self.n, keep="first", lag=self.m, namespace=NS_FIRST)
         self._last: dict[int, tuple[int, int] | None] = {}  # seq -> (stats hash, salt)
+        self._salts: dict[int, tuple] = {}
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self.index.begin(seq_id, prompt)
         self._last[seq_id] = None
 
+    def _salt(self, seq_id: int, ns: int) -> int:
+        """Per-request salt of statistics namespace `ns` (cached: mixing costs µs)."""
+        base = self.index.salt(seq_id)
+        cached = self._salts.get((seq_id, ns))
+        if cached is None or cached[0] != base:
+            cached = self._salts[(seq_id, ns)] = (base, mix_salt(ns, base))
+        return cached[1]
+
     def end(self, seq_id: int) -> None:
         self.index.end(seq_id)
         self._last.pop(seq_id, None)
+        for ns in (self._ns_stats, NS_ACC_K4V):
+            self._salts.pop((seq_id, ns), None)
 
     def _find(self, seq_id: int, history: np.ndarray, sampled: int):
         """(key, key hash, match position) or None; also counts the hit."""
@@ -121,7 +133,7 @@ class _MapBase:
 
     def _hits(self, seq_id: int, kh: int) -> int:
         """Increment and return the key's hit count (stored in the pool)."""
-        salt = mix_salt(self._ns_stats, self.index.salt(seq_id))
+        salt = self._salt(seq_id, self._ns_stats)
         v = self.pool.get(kh, salt)
         hits, acc = (v >> 16, v & 0xFFFF) if v >= 0 else (0, self.m)
         hits = min(hits + 1, MAX_COUNT)
@@ -155,7 +167,7 @@ class NgramMapK(_MapBase):
         _, kh, pos = found
         if self._hits(seq_id, kh) < self.min_hits:
             return EMPTY
-        salt = mix_salt(self._ns_stats, self.index.salt(seq_id))
+        salt = self._salt(seq_id, self._ns_stats)
         length = min(self.m, self._n_accepted(kh, salt), max_len)
         if length <= 0:
             return EMPTY
@@ -181,7 +193,7 @@ class NgramMapK4V(_MapBase):
         start = counts[best][0]
         value = history[start:start + self.m]
         vh = kh ^ xxhash.xxh64_intdigest(value.tobytes())
-        salt = mix_salt(NS_ACC_K4V, self.index.salt(seq_id))
+        salt = self._salt(seq_id, NS_ACC_K4V)
         length = min(self.m, self._n_accepted(vh, salt), max_len)
         if length <= 0:
             return EMPTY

@@ -22,10 +22,15 @@ Differences (deliberate):
   it instead re-adds that sequence's own history, so its n-grams win where they
   conflict, and the others keep theirs (llama.cpp wipes every slot's table).
 - Acceptance is measured against the draft actually proposed (after the cap).
+- Windows whose next token was drafted from this table and accepted are not
+  inserted again (they are already there, with that value): this keeps the
+  per-step cost near the lookups alone. Only if the same n-gram occurs twice
+  within one chunk with different followers can the table differ from
+  llama.cpp's, and then only in which follower it proposes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -49,6 +54,25 @@ class _ModSeq:
     i_last: int = 0  # n-grams starting before this position have been added
     n_draft_last: int = 0
     n_low: int = 0
+    draft_start: int = 0  # window start of the last draft's first lookup
+    covered: list = field(default_factory=list)  # [start, stop) windows already in the table
+    covered_gen: int = 0
+
+
+def _gaps(start: int, stop: int, ranges: list) -> list[tuple[int, int]]:
+    """The parts of [start, stop) outside the sorted, disjoint [a, b) `ranges`."""
+    out, cur = [], start
+    for a, b in ranges:
+        if b <= cur:
+            continue
+        if a >= stop:
+            break
+        if a > cur:
+            out.append((cur, a))
+        cur = max(cur, b)
+    if cur < stop:
+        out.append((cur, stop))
+    return out
 
 
 class NgramMod:
@@ -65,16 +89,16 @@ class NgramMod:
         self.n_refreshes = 0  # low-acceptance streaks handled by re-adding one sequence
 
     # ------------------------------------------------------------------ table
-    def _add(self, tokens: np.ndarray, start: int, stop: int) -> None:
-        """Add the n-grams starting at [start, stop) of `tokens` (each followed by a token)."""
-        if stop <= start:
-            return
-        if stop - start <= SCALAR_MAX:
-            self.pool.put_ngrams(tokens[start:stop + self.n - 1].tolist(), self.n, self.salt,
-                                 tokens[start + self.n:stop + self.n].tolist())
-        else:
-            hashes = ngram_hashes(tokens[start:stop + self.n - 1], self.n)
-            self.pool.put_many(hashes, self.salt, tokens[start + self.n:stop + self.n])
+    def _add(self, tokens: np.ndarray, start: int, stop: int, skip: list | None = None) -> None:
+        """Add the n-grams starting at [start, stop) of `tokens`, each mapped to the token
+        after it, except windows inside the sorted [a, b) ranges of `skip`."""
+        for a, b in _gaps(start, stop, skip or []):
+            if b - a <= SCALAR_MAX:
+                self.pool.put_ngrams(tokens[a:b + self.n - 1].tolist(), self.n, self.salt,
+                                     tokens[a + self.n:b + self.n].tolist())
+            else:
+                hashes = ngram_hashes(tokens[a:b + self.n - 1], self.n)
+                self.pool.put_many(hashes, self.salt, tokens[a + self.n:b + self.n])
 
     def reset_table(self) -> None:
         """Forget every entry of this table (new salt); other namespaces are untouched."""
@@ -99,8 +123,10 @@ class NgramMod:
         if L < n:
             return EMPTY
         if st.i_last + CHUNK < L:
-            self._add(history, st.i_last, L - n)
+            skip = st.covered if st.covered_gen == self.generation else None
+            self._add(history, st.i_last, L - n, skip)
             st.i_last = L - n
+            st.covered = []
         if max_len <= 0:
             return EMPTY
         want = max(min(max_len, self.n_max), self.n_min)
@@ -123,12 +149,17 @@ class NgramMod:
             return EMPTY
         draft = np.asarray(out[:max_len], dtype=np.int32)
         st.n_draft_last = len(draft)
+        st.draft_start = L - n + 1
         return draft
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         st = self._seqs.get(seq_id)
         if st is None or st.n_draft_last == 0:
             return
+        if n_accepted:
+            if st.covered_gen != self.generation:
+                st.covered, st.covered_gen = [], self.generation
+            st.covered.append((st.draft_start, st.draft_start + n_accepted))
         if n_accepted / st.n_draft_last >= LOW_ACCEPT:
             st.n_low = 0
             return
