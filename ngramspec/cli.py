@@ -21,7 +21,8 @@ from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, valid_ty
 from .errors import ConfigError, NgramSpecError, TokenError
 
 err_console = Console(stderr=True)
-out_console = Console()
+# tables stay readable when piped (rich would wrap them at 80 columns)
+out_console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 class CliGroup(click.Group):
@@ -33,7 +34,9 @@ class CliGroup(click.Group):
         except (ConfigError, TokenError) as e:
             raise click.UsageError(str(e)) from None
         except NgramSpecError as e:
-            raise click.ClickException(str(e)) from None
+            err = click.ClickException(str(e))
+            err.exit_code = getattr(e, "exit_code", 1)
+            raise err from None
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
         except Exception as e:  # a bug or an environment problem: short unless --verbose
@@ -140,6 +143,144 @@ def _print_replay(name, n_prompt, n_gen, rows, costs, selected) -> None:
             c.add_row(r.name, str(r.calls), f"{r.p50_us:.1f}", f"{r.p99_us:.1f}",
                       f"{r.ingest_tok_per_s / 1e6:.2f} M tok/s ({r.ingest_tokens} tokens)")
         out_console.print(c)
+
+
+# ------------------------------------------------------------------ generate
+
+
+def model_options(f: Callable) -> Callable:
+    """-m/-md/-c/-t/-np shared by generate, serve and bench."""
+    for opt in reversed([
+        click.option("-m", "--model", "model", default=None,
+                     help="GGUF model path (default: the embedded Gemma 3 270M Q4_K_M)"),
+        click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", default=None,
+                     help="draft model GGUF (same vocabulary); drafts when the n-gram chain has nothing"),
+        click.option("-c", "--ctx-size", "ctx_size", type=int, default=4096, show_default=True,
+                     help="context size in tokens"),
+        click.option("-t", "--threads", "threads", type=int, default=None,
+                     help="CPU threads (default: all cores)"),
+    ]):
+        f = opt(f)
+    return f
+
+
+def sampling_options(f: Callable) -> Callable:
+    for opt in reversed([
+        click.option("-n", "--n-predict", "n_predict", type=int, default=256, show_default=True,
+                     help="tokens to generate (-1: until end of text or context)"),
+        click.option("--temp", "temp", type=float, default=0.8, show_default=True,
+                     help="temperature; 0 = greedy (exactly reproduces spec-off output)"),
+        click.option("--top-k", type=int, default=40, show_default=True),
+        click.option("--top-p", type=float, default=0.95, show_default=True),
+        click.option("--min-p", type=float, default=0.05, show_default=True),
+        click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
+        click.option("--repeat-last-n", type=int, default=64, show_default=True),
+        click.option("-s", "--seed", type=int, default=-1, show_default=True,
+                     help="RNG seed (-1: random)"),
+        click.option("--grammar", default=None, help="GBNF grammar constraining the output"),
+        click.option("--grammar-file", type=click.Path(dir_okay=False), default=None),
+        click.option("-j", "--json-schema", "json_schema", default=None,
+                     help="JSON schema constraining the output ('{}': any JSON object)"),
+        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float,
+                     default=0.0, show_default=True,
+                     help="draft model: stop drafting below this greedy probability"),
+    ]):
+        f = opt(f)
+    return f
+
+
+def sampling_from_kwargs(kw: dict[str, Any]):
+    """Pop sampling flags into SamplingParams (grammar from --grammar/-file/-j)."""
+    from .sampling import SamplingParams, schema_grammar
+
+    grammar = kw.pop("grammar")
+    gfile = kw.pop("grammar_file")
+    schema = kw.pop("json_schema")
+    if sum(x is not None for x in (grammar, gfile, schema)) > 1:
+        raise ConfigError("use only one of --grammar, --grammar-file and --json-schema")
+    if gfile is not None:
+        try:
+            grammar = Path(gfile).read_text()
+        except OSError as e:
+            raise ConfigError(f"cannot read --grammar-file {gfile}: {e.strerror}") from None
+    if schema is not None:
+        try:
+            parsed = json.loads(schema)
+        except ValueError as e:
+            raise ConfigError(f"--json-schema is not valid JSON: {e}") from None
+        grammar = schema_grammar(parsed if parsed else {"type": "object"})
+    seed = kw.pop("seed")
+    return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
+                          min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
+                          repeat_last_n=kw.pop("repeat_last_n"),
+                          seed=0xFFFFFFFF if seed < 0 else seed, grammar=grammar)
+
+
+def read_prompt(prompt: str | None, file: str | None) -> str:
+    if prompt is not None and file is not None:
+        raise ConfigError("use either -p/--prompt or -f/--file, not both")
+    if file is not None:
+        try:
+            return Path(file).read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError(f"cannot read prompt file {file}: {e.strerror}") from None
+        except UnicodeDecodeError:
+            raise ConfigError(f"prompt file {file} is not UTF-8 text") from None
+    if prompt is None:
+        raise ConfigError("no prompt: pass -p TEXT or -f FILE")
+    return prompt
+
+
+@main.command()
+@model_options
+@click.option("-p", "--prompt", default=None, help="prompt text")
+@click.option("-f", "--file", "prompt_file", default=None, help="read the prompt from a file")
+@sampling_options
+@spec_options()
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
+@click.option("--verbose", "verbose_cmd", is_flag=True, help="tracebacks and llama.cpp logs")
+@click.pass_context
+def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, prompt_file,
+             n_predict, draft_p_min, as_json, verbose_cmd, **kw) -> None:
+    """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
+    from .runtime import load_engine
+    from .engine import stream_generate
+    from .stats import acceptance_line
+
+    if verbose_cmd:
+        ctx.obj["verbose"] = True
+    text = read_prompt(prompt, prompt_file)
+    sampling = sampling_from_kwargs(kw)
+    spec = config_from_kwargs(kw)
+    with err_console.status("loading model ..."):
+        engine = load_engine(model, model_draft, ctx_size, threads, spec, n_seq=1,
+                             verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min)
+    pieces, last = [], None
+    for r in stream_generate(engine, text, sampling, n_predict, speculative=spec.enabled or
+                             model_draft is not None):
+        if as_json:
+            pieces.append(r.text)
+        else:
+            sys.stdout.write(r.text)
+            sys.stdout.flush()
+        last = r
+    stats = engine.stats()
+    if as_json:
+        click.echo(json.dumps({
+            "content": "".join(pieces), "finish_reason": last.finish_reason,
+            "timings": last.timings(), "mean_acceptance_length": last.mean_acceptance_length,
+            "spec_type": ",".join(spec.types) or "none",
+            "statistics": {k: v.as_dict() for k, v in stats.items()}}, indent=2))
+        return
+    sys.stdout.write("\n")
+    err = err_console.file
+    print(acceptance_line(last.draft_n_accepted, last.draft_n), file=err)
+    for st in stats.values():
+        print(st.line(), file=err)
+    print(f"prompt: {last.prompt_tokens} tokens in {last.prompt_ms:.1f} ms; generated: "
+          f"{last.generation_tokens} tokens in {last.predicted_ms:.1f} ms = "
+          f"{last.predicted_per_second:.2f} tok/s; mean acceptance length "
+          f"{last.mean_acceptance_length:.2f} tokens/step", file=err)
 
 
 def run() -> None:

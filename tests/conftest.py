@@ -1,0 +1,37 @@
+"""Shared fixtures: the embedded model is loaded once per test session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def model():
+    from ngramspec.model import Model
+
+    return Model()
+
+
+@pytest.fixture(scope="session")
+def threads() -> int:
+    return int(os.environ.get("NGRAMSPEC_TEST_THREADS", "2"))
+
+
+@pytest.fixture(scope="session")
+def make_engine(model, threads):
+    """Factory: an Engine with its own context (n_seq sequences) for a SpecConfig."""
+    from ngramspec.engine import Engine
+    from ngramspec.model import Context, ContextParams
+
+    ctxs = {}
+
+    def make(spec, n_seq: int = 1, n_ctx: int = 4096, draft_drafter=None):
+        key = (n_seq, n_ctx)
+        if key not in ctxs:  # contexts are reused: creating one costs ~100 ms
+            ctxs[key] = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_seq,
+                                                     n_threads=threads))
+        ctxs[key].clear()
+        return Engine(model, ctxs[key], spec, draft_drafter=draft_drafter)
+
+    return make

@@ -1,0 +1,73 @@
+"""The command line: tables, exit codes and one-line errors (no tracebacks)."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ngramspec.cli import main
+
+STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+
+
+@pytest.fixture()
+def stream(tmp_path):
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 5000, 600).tolist()
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"name": "synthetic", "prompt_tokens": base,
+                                "generated_tokens": base[50:350]}))
+    return path
+
+
+def run(*args):
+    return CliRunner().invoke(main, list(args), obj={})
+
+
+def test_replay_prints_a_row_per_drafter(stream):
+    r = run("replay", "--spec-type", "ngram-mod", "--cost-history", "1024", str(stream))
+    assert r.exit_code == 0, r.output
+    for name in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "drafter cost"):
+        assert name in r.output
+    assert "★ ngram-mod" in r.output
+
+
+def test_replay_json_has_the_measures(stream):
+    r = run("replay", "--json", "--cost-history", "0", str(stream))
+    data = json.loads(r.output)
+    rows = {x["name"]: x for x in data[0]["results"]}
+    assert set(rows) == {"ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod"}
+    for x in rows.values():
+        assert x["steps"] + x["accepted"] == 299
+        assert x["tokens_per_step"] >= 1.0
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--spec-type", "bogus"], "valid values: ngram-simple"),
+    (["--spec-ngram-size-n", "0"], "must be between 1 and 1024"),
+    (["--spec-ngram-size-m", "0"], "must be between 1 and 1024"),
+    (["--draft-min", "9", "--draft-max", "2"], "must not exceed --draft-max"),
+    (["--draft-max", "x"], "is not a valid integer"),
+])
+def test_bad_flags_exit_2_with_one_line(stream, args, message):
+    r = run("replay", *args, str(stream))
+    assert r.exit_code == 2
+    assert message in r.output
+    assert "Traceback" not in r.output
+
+
+def test_missing_and_malformed_streams(tmp_path):
+    r = run("replay", str(tmp_path / "nope.json"))
+    assert r.exit_code == 1 and "stream file not found" in r.output
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"prompt_tokens": [1, "x"], "generated_tokens": [1]}))
+    r = run("replay", str(bad))
+    assert r.exit_code == 2 and "non-negative integers" in r.output
+
+
+@pytest.mark.skipif(not (STREAMS / "refactor.json").exists(), reason="fixture not recorded")
+def test_llama_drafters_reach_5_tokens_per_step_on_refactor():
+    r = run("replay", "--json", "--cost-history", "0", str(STREAMS / "refactor.json"))
+    rows = json.loads(r.output)[0]["results"]
+    assert all(x["tokens_per_step"] >= 5.0 for x in rows), rows

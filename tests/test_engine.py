@@ -1,0 +1,139 @@
+"""The speculative engine on the real embedded model.
+
+Exactness: greedy speculative output must equal spec-off output token for token.
+The default run samples the sweep (every spec type, draft lengths 1, 3, 8, 64 on
+the fixture prompts and 20 varied prompts); `-m slow` sweeps every draft length.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ngramspec import SPEC_TYPES, NgramModParams, SpecConfig
+from ngramspec.engine import generate
+from ngramspec.errors import ConfigError
+from ngramspec.model import ContextOverflow
+from ngramspec.sampling import SamplingParams, json_grammar
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = sorted((ROOT / "fixtures" / "prompts").glob("*.txt"))
+VARIED = [line.replace("\\n", "\n") for line in
+          (ROOT / "tests" / "data" / "prompts.txt").read_text().splitlines() if line.strip()]
+GREEDY = SamplingParams(temperature=0.0)
+N = 48  # tokens per exactness run in the default suite
+
+
+def spec(types, draft_max=None):
+    """A config whose drafters fire on short repeats too (n-gram sizes scaled down)."""
+    return SpecConfig(types=types, draft_max=draft_max,
+                      ngram_mod=NgramModParams(n_match=8, n_min=2, n_max=64))
+
+
+def _tokens(make_engine, prompt, cfg, n=N):
+    return generate(make_engine(cfg), prompt, GREEDY, n_predict=n).tokens
+
+
+@pytest.fixture(scope="module")
+def baseline(make_engine):
+    """Spec-off greedy tokens per prompt (computed once)."""
+    cache = {}
+
+    def get(prompt, n=N):
+        if (prompt, n) not in cache:
+            cache[(prompt, n)] = _tokens(make_engine, prompt, SpecConfig(types=()), n)
+        return cache[(prompt, n)]
+
+    return get
+
+
+ALL_PROMPTS = [p.read_text() for p in FIXTURES] + VARIED
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("draft_max", [1, 3, 8, 64])
+@pytest.mark.parametrize("spec_type", SPEC_TYPES)
+def test_greedy_speculative_equals_spec_off(make_engine, baseline, spec_type, draft_max):
+    # each (type, length) pair sees a rotating share of the prompts; together all of them
+    k = SPEC_TYPES.index(spec_type) * 4 + [1, 3, 8, 64].index(draft_max)
+    prompts = ALL_PROMPTS[k % 4::4][:6] + ([p.read_text() for p in FIXTURES][:1])
+    for prompt in prompts:
+        want = baseline(prompt)
+        got = _tokens(make_engine, prompt, spec((spec_type,), draft_max))
+        assert got == want, (spec_type, draft_max, prompt[:60])
+
+
+@pytest.mark.model
+def test_speculation_actually_drafts_on_repetitive_text(make_engine, baseline):
+    prompt = VARIED[0]
+    r = generate(make_engine(spec(("ngram-simple", "ngram-mod"))), prompt, GREEDY, n_predict=N)
+    assert r.final.draft_n > 0 and r.final.draft_n_accepted > 0
+    assert r.final.steps < N - 1
+    assert r.tokens == baseline(prompt)
+
+
+@pytest.mark.slow
+@pytest.mark.model
+@pytest.mark.parametrize("spec_type", SPEC_TYPES)
+def test_exactness_every_draft_length(make_engine, baseline, spec_type):
+    for draft_max in range(1, 65):
+        for prompt in ALL_PROMPTS:
+            assert _tokens(make_engine, prompt, spec((spec_type,), draft_max), 96) == \
+                baseline(prompt, 96), (spec_type, draft_max, prompt[:60])
+
+
+@pytest.mark.model
+def test_json_grammar_output_parses_with_speculation(make_engine):
+    prompt = 'A JSON object describing a cat, with "name" and "age":\n'
+    cfg = spec(("ngram-mod", "ngram-simple"))
+    p = SamplingParams(temperature=0.0, grammar=json_grammar())
+    r = generate(make_engine(cfg), prompt, p, n_predict=200)
+    assert r.final.finish_reason == "stop", r.text
+    json.loads(r.text)
+    off = generate(make_engine(SpecConfig(types=())), prompt, p, n_predict=200)
+    assert off.tokens == r.tokens
+
+
+@pytest.mark.model
+def test_sampling_with_seed_is_reproducible_and_matches_spec_off(make_engine):
+    prompt = VARIED[2]
+    p = SamplingParams(temperature=0.8, seed=1234)
+    a = generate(make_engine(spec(("ngram-mod",))), prompt, p, n_predict=40).tokens
+    b = generate(make_engine(spec(("ngram-mod",))), prompt, p, n_predict=40).tokens
+    assert a == b
+    off = generate(make_engine(SpecConfig(types=())), prompt, p, n_predict=40).tokens
+    assert a == off
+
+
+@pytest.mark.model
+def test_stops_at_n_predict_and_reports_timings(make_engine):
+    r = generate(make_engine(spec(("ngram-simple",))), VARIED[0], GREEDY, n_predict=10)
+    assert len(r.tokens) == 10 and r.final.finish_reason == "length"
+    t = r.final.timings()
+    assert t["predicted_n"] == 10 and t["prompt_n"] > 0 and t["predicted_ms"] > 0
+
+
+@pytest.mark.model
+def test_stop_strings_cut_the_text(make_engine):
+    r = generate(make_engine(SpecConfig(types=())), VARIED[2], GREEDY, n_predict=40,
+                 stop=["Thursday"])
+    assert "Thursday" not in r.text and r.final.finish_reason == "stop"
+
+
+@pytest.mark.model
+def test_prompt_longer_than_context_is_a_clear_error(make_engine):
+    eng = make_engine(SpecConfig(types=()), n_ctx=64)
+    with pytest.raises(ContextOverflow, match="raise -c/--ctx-size") as e:
+        generate(eng, "word " * 600, GREEDY, n_predict=4)
+    assert e.value.n_ctx == eng.ctx.n_ctx and e.value.n_prompt_tokens > eng.ctx.n_ctx
+
+
+@pytest.mark.model
+def test_bad_grammar_and_empty_prompt_are_config_errors(make_engine):
+    eng = make_engine(SpecConfig(types=()))
+    with pytest.raises(ConfigError, match="invalid grammar"):
+        generate(eng, "x", SamplingParams(grammar="root ::= ("), n_predict=4)
+    with pytest.raises(ConfigError, match="empty"):
+        generate(eng, [], GREEDY, n_predict=4)
