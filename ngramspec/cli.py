@@ -283,6 +283,93 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
           f"{last.mean_acceptance_length:.2f} tokens/step", file=err)
 
 
+# ------------------------------------------------------------------ bench
+
+
+@main.command()
+@click.argument("prompt_files", nargs=-1, type=click.Path(dir_okay=False))
+@model_options
+@spec_options(default_type="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod")
+@click.option("-n", "--n-predict", "n_predict", type=int, default=256, show_default=True)
+@click.option("--reps", type=int, default=2, show_default=True, help="runs per mode (interleaved)")
+@click.option("--workloads", default=None,
+              help="comma list of fixture workloads to run (default: all; 'none' for only files)")
+@click.option("--no-oracle", is_flag=True, help="skip the oracle drafter")
+@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="write JSON here")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+              help="write a PNG chart of the speedups here")
+@click.pass_context
+def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
+          reps, workloads, no_oracle, json_out, plot_path, **kw) -> None:
+    """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
+
+    Each spec type in --spec-type is a separate mode; the table shows the median
+    tok/s of `reps` interleaved runs and the speedup over `off` from this run.
+    """
+    from rich.progress import Progress
+
+    from . import bench as B
+    from .engine import Engine
+    from .model import Context, ContextParams, Model
+    from .runtime import default_threads
+
+    spec = config_from_kwargs(kw)
+    if reps < 1 or n_predict < 1:
+        raise ConfigError("--reps and -n must be >= 1")
+    works = B.fixture_workloads()
+    if workloads is not None:
+        wanted = [] if workloads == "none" else [w.strip() for w in workloads.split(",")]
+        unknown = set(wanted) - {w.name for w in works}
+        if unknown:
+            raise ConfigError(f"unknown workload(s) {sorted(unknown)}; fixture workloads: "
+                              f"{', '.join(w.name for w in works)}")
+        works = [w for w in works if w.name in wanted]
+    works += [B.Workload(Path(f).stem, read_prompt(None, f)) for f in prompt_files]
+    if not works:
+        raise ConfigError("nothing to run: no workloads selected and no prompt files given")
+    modes = ["off", *spec.types] + ([] if no_oracle else ["oracle"])
+    with err_console.status("loading model ..."):
+        m = Model(model, verbose=bool(ctx.obj.get("verbose")))
+        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads or default_threads()))
+
+    def make_engine(cfg, extra):
+        context.clear()
+        return Engine(m, context, cfg, draft_drafter=extra)
+
+    all_results = {}
+    with Progress(console=err_console, transient=True) as prog:
+        task = prog.add_task("benchmarking", total=len(works) * len(modes) * reps)
+        for w in works:
+            prog.update(task, description=f"{w.name}")
+            all_results[w.name] = B.run_workload(make_engine, w, modes, spec, n_predict, reps,
+                                                 lambda: prog.advance(task))
+    for name, res in all_results.items():
+        _print_bench(name, res, n_predict, reps)
+    meta = {"model": str(m.path), "threads": threads or default_threads(), "n_predict": n_predict,
+            "reps": reps, "spec": ",".join(spec.types)}
+    if json_out:
+        Path(json_out).write_text(B.to_json(all_results, meta))
+    if plot_path:
+        B.plot(all_results, plot_path)
+        err_console.print(f"chart written to {plot_path}")
+
+
+def _print_bench(name, res, n_predict, reps) -> None:
+    from .bench import speedups
+
+    sp = speedups(res)
+    t = Table(title=f"bench: {name} (greedy, {n_predict} tokens, median of {reps})")
+    for col in ("mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share",
+                "exact"):
+        t.add_column(col, justify="left" if col == "mode" else "right")
+    for mode, r in res.items():
+        t.add_row(mode, f"{r.median_tps:.1f}", f"{sp[mode]:.2f}x",
+                  f"{r.acceptance_rate:.1%}" if r.drafted else "-",
+                  f"{r.mean_acceptance_length:.2f}", f"{r.drafter_share:.1%}",
+                  "yes" if r.exact else "NO")
+    out_console.print(t)
+
+
 def run() -> None:
     """Console-script entry point."""
     main(obj={})
@@ -290,3 +377,5 @@ def run() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     run()
+from .server.command import serve  # noqa: E402
+main.add_command(serve)

@@ -71,3 +71,42 @@ def test_llama_drafters_reach_5_tokens_per_step_on_refactor():
     r = run("replay", "--json", "--cost-history", "0", str(STREAMS / "refactor.json"))
     rows = json.loads(r.output)[0]["results"]
     assert all(x["tokens_per_step"] >= 5.0 for x in rows), rows
+
+
+def test_generate_missing_model_exits_2(tmp_path):
+    r = run("generate", "-m", str(tmp_path / "missing.gguf"), "-p", "hi")
+    assert r.exit_code == 2 and "model file not found" in r.output
+    assert "Traceback" not in r.output
+
+
+def test_generate_corrupt_model_names_path_and_size(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model at all")
+    r = run("generate", "-m", str(bad), "-p", "hi")
+    assert r.exit_code == 1 and str(bad) in r.output and "18 bytes" in r.output
+    truncated = tmp_path / "trunc.gguf"
+    truncated.write_bytes(b"GGUF" + b"\0" * 60)
+    r = run("generate", "-m", str(truncated), "-p", "hi")
+    assert r.exit_code == 1 and str(truncated) in r.output and "64 bytes" in r.output
+
+
+@pytest.mark.model
+def test_generate_prints_text_and_llama_cpp_statistics():
+    r = CliRunner().invoke(main, ["generate", "-p", "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4,",
+                                  "-n", "16", "--temp", "0", "-t", "2", "--spec-type",
+                                  "ngram-simple,ngram-mod", "--spec-ngram-size-n", "3"], obj={})
+    assert r.exit_code == 0, r.output
+    assert "draft acceptance rate = " in r.output
+    assert "statistics ngram_simple: #calls(b,g,a) = 1 " in r.output
+    assert "tok/s" in r.output and "mean acceptance length" in r.output
+
+
+@pytest.mark.model
+def test_generate_json_output_and_prompt_over_context():
+    r = CliRunner().invoke(main, ["generate", "-p", "Hello", "-n", "4", "--temp", "0", "-t", "2",
+                                  "--json"], obj={})
+    data = json.loads(r.output)
+    assert data["timings"]["predicted_n"] == 4 and "content" in data
+    r = CliRunner().invoke(main, ["generate", "-p", "word " * 600, "-c", "256", "-t", "2"], obj={})
+    assert r.exit_code != 0 and "raise -c/--ctx-size" in r.output
+    assert "Traceback" not in r.output

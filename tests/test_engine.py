@@ -137,3 +137,76 @@ def test_bad_grammar_and_empty_prompt_are_config_errors(make_engine):
         generate(eng, "x", SamplingParams(grammar="root ::= ("), n_predict=4)
     with pytest.raises(ConfigError, match="empty"):
         generate(eng, [], GREEDY, n_predict=4)
+
+
+def _chi2_sf(x: float, df: int) -> float:
+    """Upper tail of chi-square (Wilson-Hilferty normal approximation)."""
+    import math
+
+    if df <= 0:
+        return 1.0
+    z = ((x / df) ** (1 / 3) - (1 - 2 / (9 * df))) / math.sqrt(2 / (9 * df))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.model
+def test_speculative_sampling_preserves_the_target_distribution(make_engine):
+    # temperature 1, 60 seeds: the token right after the first verified draft has the
+    # same distribution with speculation on and off (chi-square homogeneity test)
+    prompt = VARIED[0]
+    p_pos = 4
+    on_counts, off_counts, drafted = {}, {}, 0
+    for seed in range(60):
+        p = SamplingParams(temperature=1.0, top_k=40, top_p=1.0, min_p=0.0, seed=seed)
+        on = generate(make_engine(spec(("ngram-mod", "ngram-simple"))), prompt, p, n_predict=6)
+        off = generate(make_engine(SpecConfig(types=())), prompt, p, n_predict=6)
+        drafted += on.final.draft_n > 0
+        if len(on.tokens) > p_pos and len(off.tokens) > p_pos:
+            on_counts[on.tokens[p_pos]] = on_counts.get(on.tokens[p_pos], 0) + 1
+            off_counts[off.tokens[p_pos]] = off_counts.get(off.tokens[p_pos], 0) + 1
+    assert drafted >= 30  # speculation really happened in most runs
+    cats = sorted(set(on_counts) | set(off_counts))
+    n_on, n_off = sum(on_counts.values()), sum(off_counts.values())
+    chi2 = 0.0
+    for c in cats:
+        a, b = on_counts.get(c, 0), off_counts.get(c, 0)
+        for obs, n in ((a, n_on), (b, n_off)):
+            exp = (a + b) * n / (n_on + n_off)
+            chi2 += (obs - exp) ** 2 / exp
+    assert _chi2_sf(chi2, len(cats) - 1) > 0.01, (on_counts, off_counts)
+
+
+@pytest.mark.model
+def test_draft_model_drafts_when_ngrams_have_nothing(model, make_engine, threads):
+    # the embedded model as its own draft model: n-gram chain first, draft model after;
+    # greedy output is unchanged and the draft model's drafts are all accepted
+    from ngramspec.draft_model import DraftModelDrafter
+    from ngramspec.model import Context, ContextParams
+
+    dctx = Context(model, ContextParams(n_ctx=4096, n_threads=threads))
+    dd = DraftModelDrafter(model, dctx, n_max=4)
+    eng = make_engine(spec(("ngram-simple",)), draft_drafter=dd)
+    prompt = VARIED[13]  # little repetition: the n-gram drafter rarely fires
+    r = generate(eng, prompt, GREEDY, n_predict=24)
+    stats = eng.stats()["draft-model"]
+    assert stats.n_gen_drafts > 0 and stats.n_acc_tokens >= 0.8 * stats.n_gen_tokens
+    off = generate(make_engine(SpecConfig(types=())), prompt, GREEDY, n_predict=24)
+    assert r.tokens == off.tokens
+
+
+def test_draft_model_with_another_vocabulary_is_refused():
+    # vocabulary check on two stand-in models with different sizes / pieces
+    from types import SimpleNamespace
+
+    from ngramspec.draft_model import check_same_vocab
+    from ngramspec.model import ModelError
+
+    def fake(n, salt=b""):
+        return SimpleNamespace(n_vocab=n, path=f"m{n}{salt!r}.gguf",
+                               vocab_fingerprint=lambda: (n, salt))
+
+    with pytest.raises(ModelError, match="vocabulary of 100 tokens"):
+        check_same_vocab(fake(200), fake(100))
+    with pytest.raises(ModelError, match="different vocabulary"):
+        check_same_vocab(fake(200), fake(200, b"x"))
+    check_same_vocab(fake(200), fake(200))

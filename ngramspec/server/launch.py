@@ -1,0 +1,98 @@
+"""Start `ngramspec serve` as a subprocess on a free loopback port (tests, benchmarks)."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    log_path: str
+    health_seen: list = field(default_factory=list)  # (status, body) while waiting
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def rss_kib(self) -> int:
+        """Resident memory of the server process (VmRSS, KiB)."""
+        with open(f"/proc/{self.proc.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def log(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def get_health(url: str, timeout: float = 2.0) -> tuple[int, dict | None]:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"null")
+        except ValueError:
+            return e.code, None
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0, None
+
+
+def start_server(args: list[str], timeout: float = 120.0, env: dict | None = None,
+                 log_path: str | None = None) -> ServerProcess:
+    """Run `python -m ngramspec.server ARGS --port P` and wait until /health is 200."""
+    port = free_port()
+    log_path = log_path or f"/tmp/ngramspec-serve-{port}.log"
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    logf = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "ngramspec.server", "--host", "127.0.0.1",
+                             "--port", str(port), *args], stdout=logf, stderr=subprocess.STDOUT,
+                            env=full_env)
+    logf.close()
+    sp = ServerProcess(proc, port, log_path)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{sp.log()}")
+        status, body = get_health(sp.url)
+        if status:
+            sp.health_seen.append((status, body))
+        if status == 200:
+            return sp
+        time.sleep(0.05)
+    sp.stop()
+    raise RuntimeError(f"server not healthy after {timeout} s:\n{sp.log()}")

@@ -1,0 +1,65 @@
+"""Prometheus text for GET /metrics (llama-server's metrics, `ngramspec:` prefix,
+vLLM-compatible speculative-decoding counter names)."""
+from __future__ import annotations
+
+PREFIX = "ngramspec:"
+
+
+def _fmt(v: float) -> str:
+    if isinstance(v, bool):
+        v = int(v)
+    if isinstance(v, int):
+        return str(v)
+    return repr(float(v))
+
+
+def render(sched, engine) -> str:
+    c = sched.counters
+    counters = [
+        ("requests_total", "Requests accepted (started or queued)", c.requests_total),
+        ("requests_finished_total", "Requests that finished generating", c.requests_finished),
+        ("requests_cancelled_total", "Requests whose client disconnected", c.requests_cancelled),
+        ("requests_failed_total", "Requests that failed after being accepted", c.requests_failed),
+        ("requests_rejected_total", "Requests refused because the queue was full", c.requests_rejected),
+        ("requests_deferred_total", "Requests that waited for a free slot", c.requests_deferred_total),
+        ("prompt_tokens_total", "Number of prompt tokens processed", c.prompt_tokens),
+        ("prompt_seconds_total", "Total time spent processing prompts", c.prompt_seconds),
+        ("tokens_predicted_total", "Number of generation tokens processed", c.predicted_tokens),
+        ("tokens_predicted_seconds_total", "Total time spent generating tokens", c.predicted_seconds),
+        ("n_decode_total", "Batched llama_decode() calls of the generation steps", c.n_decode),
+        ("n_tokens_max", "Largest observed sequence length (prompt + generation)", c.n_tokens_max),
+        ("spec_decode_num_drafts_total", "Speculative: verification steps with a draft",
+         c.num_drafts),
+        ("spec_decode_num_draft_tokens_total", "Speculative: total draft tokens generated",
+         c.num_draft_tokens),
+        ("spec_decode_num_accepted_tokens_total",
+         "Speculative: total draft tokens accepted by the target model", c.num_accepted_tokens),
+    ]
+    pool = engine.pool
+    gauges = [
+        ("prompt_tokens_seconds", "Average prompt throughput in tokens/s",
+         c.prompt_tokens / c.prompt_seconds if c.prompt_seconds else 0.0),
+        ("predicted_tokens_seconds", "Average generation throughput in tokens/s",
+         c.predicted_tokens / c.predicted_seconds if c.predicted_seconds else 0.0),
+        ("requests_processing", "Number of requests processing (busy slots)", sched.n_busy()),
+        ("slots_busy", "Busy slots", sched.n_busy()),
+        ("slots_total", "Slots (-np/--parallel)", len(sched.slots)),
+        ("requests_deferred", "Requests waiting for a free slot", sched.n_deferred()),
+        ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
+         c.n_busy_slots / max(c.n_decode, 1)),
+        ("spec_pool_bytes", "Bytes of the shared n-gram hash pool", pool.nbytes),
+        ("spec_pool_used_entries", "Occupied entries of the shared n-gram hash pool", pool.used),
+        ("spec_pool_occupancy", "Fraction of the shared n-gram hash pool in use", pool.occupancy),
+        ("spec_pool_resets", "Times the shared pool was cleared", getattr(pool, "resets", 0)),
+    ]
+    lines = []
+    for kind, items in (("counter", counters), ("gauge", gauges)):
+        for name, help_, value in items:
+            lines += [f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} {kind}",
+                      f"{PREFIX}{name} {_fmt(value)}"]
+    name = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
+    lines += [f"# HELP {name} Speculative: accepted tokens per draft position",
+              f"# TYPE {name} counter"]
+    for i, v in enumerate(list(c.accepted_per_pos)):
+        lines.append(f'{name}{{position="{i}"}} {v}')
+    return "\n".join(lines) + "\n"
