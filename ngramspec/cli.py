@@ -46,7 +46,7 @@ class CliGroup(click.Group):
                                        "a traceback)") from None
 
 
-def spec_options(default_type: str = "ngram-mod") -> Callable:
+def spec_options(default_type: str = "auto", default_policy: str = "cost") -> Callable:
     """Decorator adding --spec-type, --spec-pool-mib and every SPEC_OPTIONS flag."""
 
     def decorate(f: Callable) -> Callable:
@@ -56,6 +56,10 @@ def spec_options(default_type: str = "ngram-mod") -> Callable:
                          help="shared hash pool size in MiB, a power of two (default: 16)")(f)
         f = click.option("--spec-type", "spec_type", default=default_type, show_default=True,
                          help=f"comma list of speculation types, first draft wins ({valid_types_text()})")(f)
+        f = click.option("--draft-policy", "draft_policy", type=click.Choice(["cost", "fixed"]),
+                         default=default_policy, show_default=True,
+                         help="cost: draft lengths from measured verify cost and acceptance; "
+                              "fixed: llama.cpp's lengths")(f)
         return f
 
     return decorate
@@ -71,7 +75,8 @@ def config_from_kwargs(kwargs: dict[str, Any]) -> SpecConfig:
         if mib < 1:
             raise ConfigError(f"--spec-pool-mib must be >= 1, got {mib}")
         pool = mib << 20
-    return spec_config_from_options(spec_type=kwargs.pop("spec_type", None), pool_bytes=pool, **opts)
+    return spec_config_from_options(spec_type=kwargs.pop("spec_type", None), pool_bytes=pool,
+                                    policy=kwargs.pop("draft_policy", None), **opts)
 
 
 @click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -89,7 +94,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 @main.command()
 @click.argument("streams", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@spec_options()
+@spec_options(default_type="ngram-mod", default_policy="fixed")
 @click.option("--max-draft", type=int, default=None, help="cap every draft (default: none)")
 @click.option("--cost-history", type=int, default=8192, show_default=True,
               help="history length for the per-call cost benchmark (0 skips it)")
@@ -105,6 +110,9 @@ def replay(streams: tuple[str, ...], max_draft: int | None, cost_history: int, a
     from .config import SPEC_TYPES
 
     config = config_from_kwargs(kwargs)
+    if config.auto:
+        raise ConfigError("replay runs without a model, so it cannot measure the verify cost "
+                          "that 'auto' needs; name spec types instead (e.g. --spec-type ngram-mod)")
     if max_draft is not None and max_draft < 0:
         raise ConfigError(f"--max-draft must be >= 0, got {max_draft}")
     report = []
@@ -289,7 +297,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
 @main.command()
 @click.argument("prompt_files", nargs=-1, type=click.Path(dir_okay=False))
 @model_options
-@spec_options(default_type="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod")
+@spec_options(default_type="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,auto")
 @click.option("-n", "--n-predict", "n_predict", type=int, default=256, show_default=True)
 @click.option("--reps", type=int, default=2, show_default=True, help="runs per mode (interleaved)")
 @click.option("--workloads", default=None,

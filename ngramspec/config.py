@@ -19,8 +19,11 @@ from .errors import ConfigError
 
 #: llama.cpp's names of the draftless speculation methods, in llama.cpp's order.
 SPEC_TYPES: tuple[str, ...] = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
-#: Pseudo-types accepted by `--spec-type`: "none" disables speculation.
+#: Pseudo-types accepted by `--spec-type`: "none" disables speculation; "auto" lets
+#: the engine pick drafters and lengths from measured cost and acceptance.
 OFF_TYPES = ("none",)
+AUTO = "auto"
+POLICIES = ("fixed", "cost")
 NGRAM_LIMIT = 1024  # llama.cpp's bound for every n-gram size (inclusive)
 DEFAULT_POOL_BYTES = 16 << 20
 
@@ -60,6 +63,7 @@ class SpecConfig:
     ngram_map_k4v: NgramMapParams = field(default_factory=NgramMapParams)
     ngram_mod: NgramModParams = field(default_factory=NgramModParams)
     pool_bytes: int = DEFAULT_POOL_BYTES
+    policy: str = "fixed"  # "fixed": llama.cpp's lengths; "cost": chosen from t(K) and acceptance
 
     def __post_init__(self) -> None:
         validate(self)
@@ -68,6 +72,10 @@ class SpecConfig:
     def enabled(self) -> bool:
         return bool(self.types)
 
+    @property
+    def auto(self) -> bool:
+        return self.types == (AUTO,)
+
     def max_draft(self) -> int:
         """Longest draft any type in the chain can propose, after `draft_max`."""
         own = [self._type_max(t) for t in self.types] or [0]
@@ -75,6 +83,8 @@ class SpecConfig:
         return cap if self.draft_max is None else min(cap, self.draft_max)
 
     def _type_max(self, name: str) -> int:
+        if name == AUTO:
+            return 64
         if name == "ngram-mod":
             return self.ngram_mod.n_max
         return self.map_params(name).size_m
@@ -85,7 +95,8 @@ class SpecConfig:
                 "ngram-map-k4v": self.ngram_map_k4v}[name]
 
     def with_types(self, types: str | Sequence[str]) -> "SpecConfig":
-        return replace(self, types=parse_spec_types(types))
+        parsed = parse_spec_types(types)
+        return replace(self, types=parsed, policy="cost" if parsed == (AUTO,) else self.policy)
 
 
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -106,6 +117,10 @@ def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
         if len(names) > 1:
             raise ConfigError("--spec-type 'none' cannot be combined with other types")
         return ()
+    if AUTO in names:
+        if len(names) > 1:
+            raise ConfigError("--spec-type 'auto' cannot be combined with other types")
+        return (AUTO,)
     unknown = [n for n in names if n not in SPEC_TYPES]
     if unknown:
         raise ConfigError(f"unknown spec type {unknown[0]!r}; valid values: {valid_types_text()}")
@@ -113,7 +128,7 @@ def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def valid_types_text() -> str:
-    return ", ".join(SPEC_TYPES + OFF_TYPES)
+    return ", ".join(SPEC_TYPES + (AUTO,) + OFF_TYPES)
 
 
 def _check_range(what: str, value: Any, lo: int, hi: int | None = None) -> None:
@@ -127,8 +142,10 @@ def _check_range(what: str, value: Any, lo: int, hi: int | None = None) -> None:
 def validate(cfg: SpecConfig) -> None:
     """Raise ConfigError for the first invalid field of `cfg`."""
     for t in cfg.types:
-        if t not in SPEC_TYPES:
+        if t not in SPEC_TYPES and (t != AUTO or len(cfg.types) > 1):
             raise ConfigError(f"unknown spec type {t!r}; valid values: {valid_types_text()}")
+    if cfg.policy not in POLICIES:
+        raise ConfigError(f"unknown draft policy {cfg.policy!r}; valid values: {', '.join(POLICIES)}")
     for name in SPEC_TYPES[:3]:
         p = cfg.map_params(name)
         flag = name.replace("ngram-", "--spec-ngram-")
@@ -212,7 +229,8 @@ def _set_path(values: dict[str, Any], path: str, value: Any) -> None:
 
 
 def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
-                             pool_bytes: int | None = None, **options: Any) -> SpecConfig:
+                             pool_bytes: int | None = None, policy: str | None = None,
+                             **options: Any) -> SpecConfig:
     """Build a validated SpecConfig from flat option values keyed by `SpecOption.dest`.
 
     None values mean "not given". Generic options are applied before per-type ones,
@@ -245,6 +263,10 @@ def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
         kwargs["types"] = parse_spec_types(spec_type)
     if pool_bytes is not None:
         kwargs["pool_bytes"] = pool_bytes
+    if policy is not None:
+        kwargs["policy"] = policy
+    if kwargs.get("types") == (AUTO,):
+        kwargs["policy"] = "cost"
     return SpecConfig(**kwargs)
 
 

@@ -20,18 +20,33 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .config import SpecConfig
+from .config import NgramMapParams, NgramModParams
 from .drafters import EMPTY, REGISTRY, DrafterChain, as_tokens
+from .policy import DraftPolicy, FixedPolicy
 from .errors import ConfigError
 from .model import Context, ContextOverflow, Model
 from .pool import HashPool
 from .sampling import Sampler, SamplingParams
 from .stats import DrafterStats
+
+
+_FIELD = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k",
+          "ngram-map-k4v": "ngram_map_k4v", "ngram-mod": "ngram_mod"}
+
+#: The drafters `--spec-type auto` compares every step: (type, parameters, name).
+#: Long keys are precise; short keys catch copies that resume after an edit.
+AUTO_CANDIDATES = (
+    ("ngram-simple", NgramMapParams(size_n=12, size_m=64), "ngram-simple"),
+    ("ngram-simple", NgramMapParams(size_n=5, size_m=64), "ngram-simple-n5"),
+    ("ngram-map-k", NgramMapParams(size_n=8, size_m=64), "ngram-map-k-n8"),
+    ("ngram-mod", NgramModParams(n_match=16, n_min=1, n_max=64), "ngram-mod-n16"),
+)
 
 
 @dataclass
@@ -80,9 +95,10 @@ class Engine:
     """
 
     def __init__(self, model: Model, ctx: Context, spec: SpecConfig | None = None,
-                 draft_drafter=None):
+                 draft_drafter=None, policy: DraftPolicy | None = None):
         self.model, self.ctx = model, ctx
         self.spec = spec or SpecConfig(types=())
+        self.policy: DraftPolicy = policy or FixedPolicy()
         self.pool = HashPool(self.spec.pool_bytes)
         self.draft_drafter = draft_drafter
         self._drafters: dict[tuple, object] = {}
@@ -95,11 +111,14 @@ class Engine:
         chain = self._chains.get(cfg)
         if chain is None:
             drafters = []
-            for t in cfg.types:
-                params = cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t)
-                key = (t, params)
+            for key in (AUTO_CANDIDATES if cfg.auto else
+                        [(t, cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t), t)
+                         for t in cfg.types]):
                 if key not in self._drafters:
-                    self._drafters[key] = REGISTRY[t](cfg, self.pool)
+                    t, params, name = key
+                    d = REGISTRY[t](replace(cfg, types=(t,), **{_FIELD[t]: params}), self.pool)
+                    d.name = name
+                    self._drafters[key] = d
                 drafters.append(self._drafters[key])
             if self.draft_drafter is not None:  # draftless first, the draft model last
                 drafters.append(self.draft_drafter)
@@ -158,27 +177,31 @@ class Engine:
         self.ctx.clear(st.seq_id)
         if st.speculative:
             st.chain.end(st.seq_id)
+            self.policy.end(st.seq_id)
         st.sampler.close()
         if st.finish_reason is None:
             st.finish_reason = "cancelled"
 
     # ------------------------------------------------------------ one step
-    def _draft_for(self, st: SeqState, budget: int) -> np.ndarray:
+    def _draft_for(self, st: SeqState, budget: int, base: int) -> np.ndarray:
+        """The draft to verify for `st`; `base` = tokens already in this step's batch."""
         if not st.speculative:
             return EMPTY
         room = min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx - st.n_hist - 2, budget)
         if room <= 0:
             return EMPTY
-        return st.chain.draft(st.seq_id, st.tokens[:st.n_hist], st.sampled, room)
+        return self.policy.plan(st, room, base)
 
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
         """One verify step for every sequence in `seqs`, in ONE llama_decode."""
         active = [s for s in seqs if not s.done]
         budget = self.ctx.n_batch - len(active)  # each sequence needs 1 slot for `sampled`
         drafts = []
+        base = len(active) - 1
         for st in active:
-            d = self._draft_for(st, max(budget, 0))
+            d = self._draft_for(st, max(budget, 0), base)
             budget -= len(d)
+            base += len(d)
             drafts.append(d)
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
@@ -208,6 +231,8 @@ class Engine:
             st.chain.accept(st.seq_id, n_acc)
             st.draft_n += len(draft)
             st.draft_n_accepted += n_acc
+        if st.speculative:
+            self.policy.observe(st, sampled, n_acc)
         return StepOutput(self._emit(st, sampled), len(draft), n_acc, st.finish_reason)
 
     def _emit(self, st: SeqState, tokens: list[int]) -> list[int]:
@@ -237,6 +262,26 @@ class Engine:
                 yield st, self.step([st])[0]
         finally:
             self.finish(st)
+
+    def measure_verify(self, n: int, seq_id: int = 0) -> float:
+        """Seconds for one n-token decode with all logits (sequence `seq_id` must be free)."""
+        toks = (np.arange(n, dtype=np.int32) * 7919 + 1000) % max(self.model.n_vocab - 1, 1)
+        self.ctx.clear(seq_id)
+        t0 = time.perf_counter()
+        self.ctx.decode([(seq_id, toks, 0, True)])
+        dt = time.perf_counter() - t0
+        self.ctx.clear(seq_id)
+        return dt
+
+    def calibrate(self, refresh: bool = False):
+        """The verify-cost curve t(n) of this model, context and thread count (cached)."""
+        from .cost import load_or_calibrate
+
+        p = self.model.path
+        key = (f"{p.resolve()}:{p.stat().st_size}:threads={self.ctx.params.n_threads}:"
+               f"batch={self.ctx.n_batch}")
+        self.measure_verify(8)  # warm-up: first decodes allocate buffers
+        return load_or_calibrate(key, self.measure_verify, refresh=refresh)
 
     def stats(self) -> dict[str, DrafterStats]:
         """llama.cpp-style counters per drafter, summed over every chain in use."""

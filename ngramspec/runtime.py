@@ -7,6 +7,7 @@ from .config import SpecConfig
 from .engine import Engine
 from .errors import ConfigError
 from .model import Context, ContextParams, Model
+from .policy import CostPolicy
 
 
 def default_threads() -> int:
@@ -34,4 +35,7 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
         dd = DraftModelDrafter.load(draft_path, model, n_ctx=n_ctx, n_seq=n_seq, threads=threads,
                                     n_max=spec.draft_max if spec.draft_max is not None else 16,
                                     p_min=draft_p_min, verbose=verbose)
-    return Engine(model, ctx, spec, draft_drafter=dd)
+    engine = Engine(model, ctx, spec, draft_drafter=dd)
+    if spec.enabled and spec.policy == "cost":
+        engine.policy = CostPolicy(engine.calibrate(), compare_all=spec.auto)
+    return engine

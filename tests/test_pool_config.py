@@ -76,7 +76,7 @@ def test_put_many_keep_first_keeps_the_earliest():
 
 
 @pytest.mark.parametrize("value,match", [
-    ("ngram-foo", "valid values: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, none"),
+    ("ngram-foo", "valid values: ngram-simple, ngram-map-k, ngram-map-k4v, ngram-mod, auto, none"),
     ("", "empty"),
     ("none,ngram-mod", "cannot be combined"),
 ])

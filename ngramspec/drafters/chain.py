@@ -2,10 +2,11 @@
 
 Invariants:
 - One `HashPool` per chain, shared by all its drafters and all sequences.
-- `draft` asks the drafters in order and returns the first non-empty draft,
-  truncated to min(max_len, draft_max); a draft shorter than draft_min is
-  dropped (empty result). Only the drafter that produced the draft gets
-  `accept` for that step (llama.cpp's `impl_last`).
+- `draft` asks the drafters in order and returns the first draft that is at
+  least draft_min long, truncated to min(max_len, draft_max) (llama.cpp's
+  chain). `propose` + `commit` split that in two for policies that compare
+  several drafters' proposals. Only the committed drafter gets `accept` for
+  that step (llama.cpp's `impl_last`); unverified drafts are never accepted.
 - Stats follow llama.cpp: calls, generated/accepted drafts and tokens, time.
 """
 from __future__ import annotations
@@ -68,28 +69,43 @@ class DrafterChain:
             st.t_begin_us += (time.perf_counter_ns() - t0) / 1e3
             st.n_call_begin += 1
 
-    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+    def propose(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int,
+                first_only: bool = True) -> list[tuple[Drafter, np.ndarray]]:
+        """Ask the drafters in order; return (drafter, draft) pairs, each draft cut to
+        min(max_len, draft_max) and at least draft_min long. With first_only, stop at
+        the first such draft (llama.cpp's chain). Nothing is committed yet."""
         self._last[seq_id] = None
         max_len = min(max_len, self._cap)
+        out: list[tuple[Drafter, np.ndarray]] = []
         if max_len < self._min:
-            return EMPTY
+            return out
         for d in self.drafters:
             t0 = time.perf_counter_ns()
-            out = d.draft(seq_id, history, sampled, max_len)
+            draft = d.draft(seq_id, history, sampled, max_len)
             st = self.stats[d.name]
             st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
             st.n_call_draft += 1
-            if len(out):
-                out = out[:max_len]
-                if len(out) < self._min:
-                    # too short to verify; tell the drafter nothing was accepted
-                    d.accept(seq_id, 0)
-                    return EMPTY
-                self._last[seq_id] = d
-                st.n_gen_drafts += 1
-                st.n_gen_tokens += len(out)
-                return out
-        return EMPTY
+            if len(draft) >= self._min:
+                out.append((d, draft[:max_len]))
+                if first_only:
+                    break
+        return out
+
+    def commit(self, seq_id: int, drafter: Drafter, draft: np.ndarray) -> np.ndarray:
+        """Mark `draft` (from `drafter`) as the one verified this step."""
+        if len(draft):
+            self._last[seq_id] = drafter
+            st = self.stats[drafter.name]
+            st.n_gen_drafts += 1
+            st.n_gen_tokens += len(draft)
+        return draft
+
+    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+        """llama.cpp's chain: the first non-empty draft, committed."""
+        found = self.propose(seq_id, history, sampled, max_len, first_only=True)
+        if not found:
+            return EMPTY
+        return self.commit(seq_id, *found[0])
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         d = self._last.get(seq_id)
