@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .config import SpecConfig
+from .config import SPEC_TYPES, SpecConfig
 from .engine import Engine, generate
 from .oracle import OracleDrafter
 from .sampling import SamplingParams
@@ -109,8 +109,27 @@ def _engine_for(make_engine, mode: str, spec: SpecConfig, truth, prompt_tokens) 
         return make_engine(SpecConfig(types=()), None)
     if mode == "oracle":
         full = np.concatenate([prompt_tokens, np.asarray(truth, dtype=np.int32)])
-        return make_engine(SpecConfig(types=(), draft_max=spec.draft_max), OracleDrafter(full))
+        return make_engine(SpecConfig(types=(), draft_max=spec.draft_max, policy=spec.policy),
+                           OracleDrafter(full))
     return make_engine(spec.with_types(mode), None)
+
+
+def run_peer(binary: str, model_path: str, work: Workload, spec_types: Sequence[str],
+             n_predict: int, reps: int, n_ctx: int, threads: int,
+             progress: Callable[[], None] = lambda: None) -> dict[str, float]:
+    """Median predicted tok/s of the C++ llama-server per spec type ('none' included)."""
+    from .peer import LlamaServerPeer
+
+    out = {}
+    for t in ["none", *[t for t in spec_types if t in SPEC_TYPES]]:
+        with LlamaServerPeer(binary, model_path, t, n_ctx=n_ctx, threads=threads) as peer:
+            peer.complete(work.prompt, 8)  # warm-up
+            tps = []
+            for _ in range(reps):
+                tps.append(peer.complete(work.prompt, n_predict)["timings"]["predicted_per_second"])
+                progress()
+        out["off" if t == "none" else t] = statistics.median(tps)
+    return out
 
 
 def speedups(results: dict[str, ModeResult]) -> dict[str, float]:
@@ -118,8 +137,9 @@ def speedups(results: dict[str, ModeResult]) -> dict[str, float]:
     return {m: (r.median_tps / base if base else 0.0) for m, r in results.items()}
 
 
-def to_json(all_results: dict[str, dict[str, ModeResult]], meta: dict) -> str:
-    out = {"meta": meta, "workloads": {}}
+def to_json(all_results: dict[str, dict[str, ModeResult]], meta: dict,
+            peers: dict[str, dict[str, float]] | None = None) -> str:
+    out = {"meta": meta, "workloads": {}, "llama_server_tok_per_s": peers or {}}
     for w, res in all_results.items():
         sp = speedups(res)
         out["workloads"][w] = {m: {**asdict(r), "median_tok_per_s": r.median_tps,

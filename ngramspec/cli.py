@@ -306,9 +306,11 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="write JSON here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
               help="write a PNG chart of the speedups here")
+@click.option("--llama-server", "llama_server", default=None,
+              help="path of a C++ llama-server binary to run on the same prompts and types")
 @click.pass_context
 def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
-          reps, workloads, no_oracle, json_out, plot_path, **kw) -> None:
+          reps, workloads, no_oracle, json_out, plot_path, llama_server, **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
@@ -321,6 +323,11 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     from .model import Context, ContextParams, Model
     from .runtime import default_threads
 
+    from .config import parse_spec_types
+
+    mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
+    for t in mode_types:
+        parse_spec_types(t)  # each mode is validated on its own
     spec = config_from_kwargs(kw)
     if reps < 1 or n_predict < 1:
         raise ConfigError("--reps and -n must be >= 1")
@@ -335,47 +342,68 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     works += [B.Workload(Path(f).stem, read_prompt(None, f)) for f in prompt_files]
     if not works:
         raise ConfigError("nothing to run: no workloads selected and no prompt files given")
-    modes = ["off", *spec.types] + ([] if no_oracle else ["oracle"])
-    with err_console.status("loading model ..."):
+    modes = ["off", *[t for t in mode_types if t != "none"]] + ([] if no_oracle else ["oracle"])
+    threads = threads or default_threads()
+    with err_console.status("loading model and measuring the verify cost ..."):
         m = Model(model, verbose=bool(ctx.obj.get("verbose")))
-        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads or default_threads()))
+        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads))
+        curve = Engine(m, context).calibrate()
 
     def make_engine(cfg, extra):
-        context.clear()
-        return Engine(m, context, cfg, draft_drafter=extra)
+        from .policy import CostPolicy
 
-    all_results = {}
+        context.clear()
+        policy = CostPolicy(curve, compare_all=cfg.auto) if cfg.policy == "cost" else None
+        return Engine(m, context, cfg, draft_drafter=extra, policy=policy)
+
+    all_results, peers = {}, {}
+    peer_types = [t for t in mode_types if t in B.SPEC_TYPES]
+    total = len(works) * reps * (len(modes) + (1 + len(peer_types) if llama_server else 0))
     with Progress(console=err_console, transient=True) as prog:
-        task = prog.add_task("benchmarking", total=len(works) * len(modes) * reps)
+        task = prog.add_task("benchmarking", total=total)
         for w in works:
             prog.update(task, description=f"{w.name}")
             all_results[w.name] = B.run_workload(make_engine, w, modes, spec, n_predict, reps,
                                                  lambda: prog.advance(task))
+            if llama_server:
+                prog.update(task, description=f"{w.name} (llama-server)")
+                peers[w.name] = B.run_peer(llama_server, str(m.path), w, peer_types, n_predict,
+                                           reps, ctx_size, threads, lambda: prog.advance(task))
     for name, res in all_results.items():
-        _print_bench(name, res, n_predict, reps)
-    meta = {"model": str(m.path), "threads": threads or default_threads(), "n_predict": n_predict,
-            "reps": reps, "spec": ",".join(spec.types)}
+        _print_bench(name, res, n_predict, reps, peers.get(name))
+    meta = {"model": str(m.path), "threads": threads, "n_predict": n_predict, "reps": reps,
+            "modes": modes, "verify_cost_s": dict(zip(curve.sizes, curve.seconds))}
     if json_out:
-        Path(json_out).write_text(B.to_json(all_results, meta))
+        Path(json_out).write_text(B.to_json(all_results, meta, peers))
     if plot_path:
         B.plot(all_results, plot_path)
         err_console.print(f"chart written to {plot_path}")
 
 
-def _print_bench(name, res, n_predict, reps) -> None:
+def _print_bench(name, res, n_predict, reps, peer=None) -> None:
     from .bench import speedups
 
     sp = speedups(res)
     t = Table(title=f"bench: {name} (greedy, {n_predict} tokens, median of {reps})")
-    for col in ("mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share",
-                "exact"):
+    cols = ["mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share", "exact"]
+    if peer:
+        cols += ["llama-server tok/s", "ours / llama-server"]
+    for col in cols:
         t.add_column(col, justify="left" if col == "mode" else "right")
     for mode, r in res.items():
-        t.add_row(mode, f"{r.median_tps:.1f}", f"{sp[mode]:.2f}x",
-                  f"{r.acceptance_rate:.1%}" if r.drafted else "-",
-                  f"{r.mean_acceptance_length:.2f}", f"{r.drafter_share:.1%}",
-                  "yes" if r.exact else "NO")
+        row = [mode, f"{r.median_tps:.1f}", f"{sp[mode]:.2f}x",
+               f"{r.acceptance_rate:.1%}" if r.drafted else "-",
+               f"{r.mean_acceptance_length:.2f}", f"{r.drafter_share:.1%}",
+               "yes" if r.exact else "NO"]
+        if peer:
+            p = peer.get(mode)
+            row += [f"{p:.1f}" if p else "-", f"{r.median_tps / p:.2f}x" if p else "-"]
+        t.add_row(*row)
     out_console.print(t)
+    if peer and "auto" in res:
+        best = max((v, k) for k, v in peer.items() if k != "off")
+        out_console.print(f"auto vs llama-server's best ngram type ({best[1]}, {best[0]:.1f} tok/s):"
+                          f" {res['auto'].median_tps / best[0]:.2f}x")
 
 
 def run() -> None:

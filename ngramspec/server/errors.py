@@ -100,13 +100,43 @@ def error_response(exc: BaseException):
     return JSONResponse(error_body(err), status_code=err.status, headers=headers)
 
 
+class CatchAllMiddleware:
+    """Any other exception before the response started -> a JSON 500 (never a dropped
+    connection; Starlette's own 500 handler re-raises and resets keep-alive links)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def _send(message):
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, _send)
+        except Exception as exc:
+            if started:  # mid-stream: nothing sensible left to send
+                log.error("error after the response started: %s", exc, exc_info=exc)
+                return
+            await error_response(exc)(scope, receive, send)
+
+
 def install_handlers(app) -> None:
-    """Route every exception FastAPI can see through `error_response` (no 422s)."""
+    """Route every exception through `error_response` (no 422s, no bare 500s)."""
     from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
     async def handler(request, exc):
         return error_response(exc)
 
-    for cls in (APIError, NgramSpecError, RequestValidationError, HTTPException, Exception):
+    for cls in (APIError, NgramSpecError, RequestValidationError, ValidationError, HTTPException,
+                UnicodeDecodeError):
         app.add_exception_handler(cls, handler)
+    app.add_middleware(CatchAllMiddleware)
