@@ -411,7 +411,9 @@ def run() -> None:
     main(obj={})
 
 
-if __name__ == "__main__":  # pragma: no cover
-    run()
 from .server.command import serve  # noqa: E402
 main.add_command(serve)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

@@ -36,6 +36,7 @@ from .sampling import Sampler, SamplingParams
 from .stats import DrafterStats
 
 
+MAX_CONFIGS = 64
 _FIELD = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k",
           "ngram-map-k4v": "ngram_map_k4v", "ngram-mod": "ngram_mod"}
 
@@ -107,9 +108,18 @@ class Engine:
             self.chain_for(self.spec) if self.spec.enabled or draft_drafter is not None else None)
 
     def chain_for(self, cfg: SpecConfig) -> DrafterChain:
-        """The (cached) chain for `cfg`, built from shared drafter instances."""
+        """The (cached) chain for `cfg`, built from shared drafter instances.
+
+        At most MAX_CONFIGS chains and drafters are cached (oldest evicted): a
+        sequence keeps its own chain object, and a re-created ngram-mod drafter
+        with the same parameters reads the same pool entries, so eviction only
+        costs per-request statistics, never correctness.
+        """
         chain = self._chains.get(cfg)
         if chain is None:
+            for cache in (self._chains, self._drafters):
+                while len(cache) >= MAX_CONFIGS:
+                    del cache[next(iter(cache))]
             drafters = []
             for key in (AUTO_CANDIDATES if cfg.auto else
                         [(t, cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t), t)

@@ -91,7 +91,8 @@ class CostPolicy:
     def _marginal(self, base: int, k_max: int) -> np.ndarray:
         """Cost of adding this sequence's 1 + K tokens to a batch already holding `base`."""
         t0 = self.cost.t(base) if base > 0 else 0.0
-        return np.asarray([self.cost.t(base + 1 + k) - t0 for k in range(k_max + 1)])
+        floor = 1e-3 * self.cost.t(1)  # a flat curve segment still costs something
+        return np.maximum([self.cost.t(base + 1 + k) - t0 for k in range(k_max + 1)], floor)
 
     def plan(self, st, room: int, base: int) -> np.ndarray:
         chain, seq = st.chain, st.seq_id

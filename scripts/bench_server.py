@@ -69,6 +69,9 @@ def run_config(slots: int, prompts: list[str], args) -> list[dict]:
 
 
 def main() -> None:
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: stop the servers
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n-predict", type=int, default=128)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
