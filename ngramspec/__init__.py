@@ -1,4 +1,10 @@
 """ngramspec: draftless (n-gram) speculative decoding for llama.cpp runtimes."""
+import os as _os
+
+# Batch invariance (docs/exactness.md) needs ggml's tiled K-quant matmul off. ggml
+# reads this once per process at the first matmul, so it is set as early as
+# possible: importing ngramspec before llama.cpp evaluates anything is enough.
+_os.environ.setdefault("GGML_CPU_TILED_MM", "0")
 from .config import SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig, parse_spec_types
 from .drafters import Drafter, DrafterChain, make_drafter
 from .errors import ConfigError, NgramSpecError, TokenError

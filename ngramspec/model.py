@@ -54,9 +54,7 @@ MAX_INVARIANT_BATCH = 63
 
 
 def _llama():
-    # ggml's tiled K-quant matmul (used for >= 8 columns) sums differently from
-    # vec_dot (fewer columns); ggml reads this once, so set it before loading.
-    os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+    # ngramspec/__init__.py has set GGML_CPU_TILED_MM=0 (read once by ggml)
     import llama_cpp  # deferred: importing loads the shared library
 
     return llama_cpp

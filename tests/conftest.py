@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import ngramspec  # noqa: F401  (sets GGML_CPU_TILED_MM=0 before any test runs llama.cpp)
+
 import pytest
 
 
