@@ -262,10 +262,11 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     spec = config_from_kwargs(kw)
     with err_console.status("loading model ..."):
         engine = load_engine(model, model_draft, ctx_size, threads, spec, n_seq=1,
-                             verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min)
+                             verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min,
+                             notify=lambda line: err_console.print(line))
     pieces, last = [], None
-    for r in stream_generate(engine, text, sampling, n_predict, speculative=spec.enabled or
-                             model_draft is not None):
+    for r in stream_generate(engine, text, sampling, n_predict,
+                             speculative=engine.spec.enabled or engine.draft_drafter is not None):
         if as_json:
             pieces.append(r.text)
         else:

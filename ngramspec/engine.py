@@ -33,7 +33,7 @@ from .errors import ConfigError
 from .model import MAX_INVARIANT_BATCH, Context, ContextOverflow, Model
 from .pool import HashPool
 from .sampling import Sampler, SamplingParams
-from .stats import DrafterStats
+from .stats import DrafterStats, timings
 
 
 MAX_CONFIGS = 64
@@ -344,16 +344,8 @@ class GenerationResponse:
 
     def timings(self) -> dict:
         """llama.cpp's `timings` object."""
-        t = {"prompt_n": self.prompt_tokens, "prompt_ms": self.prompt_ms,
-             "prompt_per_token_ms": self.prompt_ms / max(self.prompt_tokens, 1),
-             "prompt_per_second": self.prompt_tokens / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0,
-             "predicted_n": self.generation_tokens, "predicted_ms": self.predicted_ms,
-             "predicted_per_token_ms": self.predicted_ms / max(self.generation_tokens, 1),
-             "predicted_per_second": self.predicted_per_second}
-        if self.draft_n:
-            t["draft_n"] = self.draft_n
-            t["draft_n_accepted"] = self.draft_n_accepted
-        return t
+        return timings(self.prompt_tokens, self.prompt_ms, self.generation_tokens,
+                       self.predicted_ms, self.draft_n, self.draft_n_accepted)
 
 
 class TextStream:

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import os
+from typing import Callable
 
 from .config import SpecConfig
 from .engine import Engine
 from .errors import ConfigError
 from .model import Context, ContextParams, Model
+from .memory import available_bytes, plan_auto
 from .policy import CostPolicy
 
 
@@ -16,8 +18,17 @@ def default_threads() -> int:
 
 def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
                 spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
-                draft_p_min: float = 0.0, n_batch: int = 512) -> Engine:
-    """Load the target (and optional draft) model and return a ready Engine."""
+                draft_p_min: float = 0.0, n_batch: int = 512,
+                notify: Callable[[str], None] = lambda line: None) -> Engine:
+    """Load the target (and optional draft) model and return a ready Engine.
+
+    With spec type auto, free memory decides whether the draft model is loaded
+    and whether speculation runs at all; `notify` gets the one-line reason.
+    """
+    plan = plan_auto(spec, draft_path, available_bytes())
+    if plan.note:
+        notify(plan.note)
+    spec, draft_path = plan.spec, (draft_path if plan.use_draft_model else None)
     if n_ctx < 16:
         raise ConfigError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
     if threads is not None and threads < 1:

@@ -65,3 +65,18 @@ def acceptance_line(accepted: int, generated: int) -> str:
     """llama.cpp's `draft acceptance rate = ...` line."""
     rate = accepted / generated if generated else 0.0
     return f"draft acceptance rate = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated)"
+
+
+def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
+            draft_n: int = 0, draft_n_accepted: int = 0) -> dict:
+    """llama.cpp's `timings` object; draft fields only when something was drafted."""
+    t = {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
+         "prompt_per_token_ms": prompt_ms / max(n_prompt, 1),
+         "prompt_per_second": n_prompt / (prompt_ms / 1e3) if prompt_ms else 0.0,
+         "predicted_n": n_predicted, "predicted_ms": predicted_ms,
+         "predicted_per_token_ms": predicted_ms / max(n_predicted, 1),
+         "predicted_per_second": n_predicted / (predicted_ms / 1e3) if predicted_ms else 0.0}
+    if draft_n:
+        t["draft_n"] = draft_n
+        t["draft_n_accepted"] = draft_n_accepted
+    return t

@@ -69,7 +69,7 @@ class ServerState:
 
                 engine = load_engine(s.model, s.model_draft, s.n_ctx, s.threads, s.spec,
                                      n_seq=s.n_parallel, verbose=s.verbose,
-                                     draft_p_min=s.draft_p_min)
+                                     draft_p_min=s.draft_p_min, notify=log.warning)
             else:
                 engine = engine_factory()
             self.n_ctx_slot = engine.ctx.n_ctx // s.n_parallel

@@ -29,6 +29,7 @@ import numpy as np
 from ..config import SpecConfig
 from ..engine import Engine, SeqState, StepOutput, TextStream
 from ..sampling import SamplingParams
+from ..stats import timings
 from .errors import APIError
 
 log = logging.getLogger("ngramspec.server")
@@ -51,17 +52,8 @@ class Result:
     truncated: bool
 
     def timings(self) -> dict:
-        t = {"prompt_n": self.n_prompt, "prompt_ms": self.prompt_ms,
-             "prompt_per_token_ms": self.prompt_ms / max(self.n_prompt, 1),
-             "prompt_per_second": self.n_prompt / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0,
-             "predicted_n": self.n_generated, "predicted_ms": self.predicted_ms,
-             "predicted_per_token_ms": self.predicted_ms / max(self.n_generated, 1),
-             "predicted_per_second": (self.n_generated / (self.predicted_ms / 1e3)
-                                      if self.predicted_ms else 0.0)}
-        if self.draft_n:
-            t["draft_n"] = self.draft_n
-            t["draft_n_accepted"] = self.draft_n_accepted
-        return t
+        return timings(self.n_prompt, self.prompt_ms, self.n_generated, self.predicted_ms,
+                       self.draft_n, self.draft_n_accepted)
 
     @property
     def acceptance_rate(self) -> float:
