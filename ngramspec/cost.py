@@ -91,9 +91,17 @@ class AcceptanceStats:
         self.n_updates += 1
 
     def p(self) -> np.ndarray:
-        """Conditional acceptance probability per position (posterior mean)."""
-        return (self.accepted + self.prior_accept) / (self.offered + self.prior_accept +
-                                                      self.prior_reject)
+        """Conditional acceptance probability per position (posterior mean).
+
+        Each position shrinks towards the drafter's pooled rate over all positions
+        (itself shrunk towards the Beta prior), so positions never offered yet
+        inherit what the drafter shows elsewhere: a drafter that is always right
+        gets tried at lengths it has not reached before.
+        """
+        pooled = (self.accepted.sum() + self.prior_accept) / (
+            self.offered.sum() + self.prior_accept + self.prior_reject)
+        weight = self.prior_accept + self.prior_reject
+        return (self.accepted + weight * pooled) / (self.offered + weight)
 
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT."""
