@@ -147,7 +147,7 @@ class Engine:
         prompt = as_tokens(prompt, "prompt")
         if len(prompt) == 0:
             raise ConfigError("the prompt is empty")
-        n_ctx = self.ctx.n_ctx
+        n_ctx = self.ctx.n_ctx_seq
         if len(prompt) >= n_ctx:
             raise ContextOverflow(len(prompt), n_ctx)
         n_predict = n_ctx - len(prompt) if n_predict is None or n_predict < 0 else n_predict
@@ -163,8 +163,11 @@ class Engine:
         self.ctx.clear(seq_id)
         st.tokens[:len(prompt)] = prompt
         rows: list[int] = []
-        for i in range(0, len(prompt), self.ctx.n_batch):
-            chunk = prompt[i:i + self.ctx.n_batch]
+        # invariant: chunks under 64 tokens keep flash attention off its tiled path,
+        # whose sums would depend on where the sequence's cells lie
+        step = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
+        for i in range(0, len(prompt), step):
+            chunk = prompt[i:i + step]
             rows = self.ctx.decode([(seq_id, chunk, i, False)])[0]
         st.n_hist = len(prompt)
         if st.speculative:
@@ -197,7 +200,7 @@ class Engine:
         """The draft to verify for `st`; `base` = tokens already in this step's batch."""
         if not st.speculative:
             return EMPTY
-        room = min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx - st.n_hist - 2, budget)
+        room = min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx_seq - st.n_hist - 2, budget)
         if room <= 0:
             return EMPTY
         return self.policy.plan(st, room, base)
@@ -206,7 +209,7 @@ class Engine:
         """One verify step for every sequence in `seqs`, in ONE llama_decode."""
         active = [s for s in seqs if not s.done]
         limit = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
-        budget = limit - len(active)  # each sequence needs 1 slot for `sampled`
+        budget = limit - 2 * len(active)  # `sampled` (+ padding) per sequence
         drafts = []
         base = len(active) - 1
         for st in active:

@@ -201,7 +201,8 @@ class ContextParams:
     batch_invariant (default): every llama_decode gives each token the same
     logits whatever else is in the batch, so verifying a draft in one batch
     reproduces one-token decoding bit for bit. It needs flash attention on, no
-    single-token decodes (a dummy token pads them) and decodes under 64 tokens.
+    sequence with a single token in a decode (a dummy token pads it), decodes
+    under 64 tokens, and one KV stream per sequence (each gets n_ctx / n_seq_max).
     """
 
     n_ctx: int = 4096
@@ -228,16 +229,19 @@ class Context:
         cp.n_threads_batch = params.n_threads
         cp.flash_attn_type = 1 if params.flash_attn else 0
         cp.swa_full = params.swa_full
-        cp.kv_unified = True
+        # invariant: one KV stream per sequence, so a sequence's cells never
+        # interleave with other slots' (summation order would depend on them)
+        cp.kv_unified = not (params.batch_invariant and params.n_seq_max > 1)
         cp.no_perf = True
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelError(f"llama.cpp could not create a context of {params.n_ctx} tokens "
                              f"for {model.path}; try a smaller -c/--ctx-size")
         self.n_ctx = lc.llama_n_ctx(self.ptr)
+        self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)  # cells one sequence can use
         self.n_batch = lc.llama_n_batch(self.ptr)  # llama.cpp clamps it to n_ctx
         self.memory = lc.llama_get_memory(self.ptr)
-        self.batch = lc.llama_batch_init(params.n_batch + 1, 0, params.n_seq_max)
+        self.batch = lc.llama_batch_init(params.n_batch + params.n_seq_max, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
         self.invariant = params.batch_invariant
 
@@ -282,20 +286,22 @@ class Context:
                     mine.append(i)
                 i += 1
             rows.append(mine)
-        if i > self.n_batch:
+        if i + len(entries) > self.n_batch + 1:
             raise ValueError(f"batch of {i} tokens exceeds n_batch={self.n_batch}")
-        pad = self.invariant and i == 1
-        if pad:  # a 1-token decode takes flash attention's split-KV path: pad to 2
-            seq0, pos0 = entries[0][0], entries[0][2]
-            b.token[1], b.pos[1], b.n_seq_id[1], b.logits[1] = b.token[0], pos0 + 1, 1, False
-            b.seq_id[1][0] = seq0
-            i = 2
+        pads = []
+        if self.invariant:  # a 1-query sequence takes flash attention's split-KV path
+            for seq_id, tokens, pos0, _ in entries:
+                if len(tokens) == 1:
+                    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = int(tokens[0]), pos0 + 1, 1, False
+                    b.seq_id[i][0] = seq_id
+                    pads.append((seq_id, pos0 + 1))
+                    i += 1
         b.n_tokens = i
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
-        if pad:
-            self.truncate(seq0, pos0 + 1)
+        for seq_id, pos in pads:  # drop the padding tokens' KV entries
+            self.truncate(seq_id, pos)
         return rows
 
     def logits_at(self, index: int) -> np.ndarray:
