@@ -247,9 +247,12 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
 @spec_options()
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 @click.option("--verbose", "verbose_cmd", is_flag=True, help="tracebacks and llama.cpp logs")
+@click.option("--no-batch-invariance", "fast", is_flag=True,
+              help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
+                   "Also set GGML_CPU_TILED_MM=1 in the environment for the tiled matmul")
 @click.pass_context
 def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, prompt_file,
-             n_predict, draft_p_min, as_json, verbose_cmd, **kw) -> None:
+             n_predict, draft_p_min, as_json, verbose_cmd, fast, **kw) -> None:
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
     from .runtime import load_engine
     from .engine import stream_generate
@@ -263,7 +266,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     with err_console.status("loading model ..."):
         engine = load_engine(model, model_draft, ctx_size, threads, spec, n_seq=1,
                              verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min,
-                             notify=lambda line: err_console.print(line))
+                             notify=lambda line: err_console.print(line), batch_invariant=not fast)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
                              speculative=engine.spec.enabled or engine.draft_drafter is not None):
@@ -309,9 +312,12 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
               help="write a PNG chart of the speedups here")
 @click.option("--llama-server", "llama_server", default=None,
               help="path of a C++ llama-server binary to run on the same prompts and types")
+@click.option("--no-batch-invariance", "fast", is_flag=True,
+              help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
+                   "Also set GGML_CPU_TILED_MM=1 in the environment for the tiled matmul")
 @click.pass_context
 def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
-          reps, workloads, no_oracle, json_out, plot_path, llama_server, **kw) -> None:
+          reps, workloads, no_oracle, json_out, plot_path, llama_server, fast, **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
@@ -346,8 +352,9 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     modes = ["off", *[t for t in mode_types if t != "none"]] + ([] if no_oracle else ["oracle"])
     threads = threads or default_threads()
     with err_console.status("loading model and measuring the verify cost ..."):
-        m = Model(model, verbose=bool(ctx.obj.get("verbose")))
-        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads))
+        m = Model(model, verbose=bool(ctx.obj.get("verbose")), use_extra_bufts=fast)
+        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads,
+                                           batch_invariant=not fast))
         curve = Engine(m, context).calibrate()
 
     def make_engine(cfg, extra):
@@ -373,7 +380,7 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     for name, res in all_results.items():
         _print_bench(name, res, n_predict, reps, peers.get(name))
     meta = {"model": str(m.path), "threads": threads, "n_predict": n_predict, "reps": reps,
-            "modes": modes, "verify_cost_s": dict(zip(curve.sizes, curve.seconds))}
+            "modes": modes, "batch_invariant": not fast, "verify_cost_s": dict(zip(curve.sizes, curve.seconds))}
     if json_out:
         Path(json_out).write_text(B.to_json(all_results, meta, peers))
     if plot_path:

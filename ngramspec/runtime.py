@@ -19,7 +19,8 @@ def default_threads() -> int:
 def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
                 spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
                 draft_p_min: float = 0.0, n_batch: int = 512,
-                notify: Callable[[str], None] = lambda line: None) -> Engine:
+                notify: Callable[[str], None] = lambda line: None,
+                batch_invariant: bool = True) -> Engine:
     """Load the target (and optional draft) model and return a ready Engine.
 
     With spec type auto, free memory decides whether the draft model is loaded
@@ -36,9 +37,9 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     if n_seq < 1:
         raise ConfigError(f"-np/--parallel must be >= 1, got {n_seq}")
     threads = threads or default_threads()
-    model = Model(model_path, verbose=verbose)
+    model = Model(model_path, verbose=verbose, use_extra_bufts=not batch_invariant)
     ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq,
-                                       n_threads=threads))
+                                       n_threads=threads, batch_invariant=batch_invariant))
     dd = None
     if draft_path is not None:
         from .draft_model import DraftModelDrafter
