@@ -7,7 +7,6 @@ Errors the user can fix exit non-zero with one line on stderr, no traceback
 """
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path

@@ -13,7 +13,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from .errors import ConfigError
 
@@ -268,7 +268,3 @@ def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
     if kwargs.get("types") == (AUTO,):
         kwargs["policy"] = "cost"
     return SpecConfig(**kwargs)
-
-
-def option_dests() -> Iterable[str]:
-    return (o.dest for o in SPEC_OPTIONS)

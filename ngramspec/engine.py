@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -104,8 +104,6 @@ class Engine:
         self.draft_drafter = draft_drafter
         self._drafters: dict[tuple, object] = {}
         self._chains: dict[SpecConfig, DrafterChain] = {}
-        self.chain: DrafterChain | None = (
-            self.chain_for(self.spec) if self.spec.enabled or draft_drafter is not None else None)
 
     def chain_for(self, cfg: SpecConfig) -> DrafterChain:
         """The (cached) chain for `cfg`, built from shared drafter instances.
@@ -330,7 +328,6 @@ class GenerationResponse:
     draft_n: int
     draft_n_accepted: int
     steps: int
-    accepted_per_step: list[int] = field(default_factory=list)
 
     @property
     def predicted_per_second(self) -> float:
@@ -403,8 +400,7 @@ def stream_generate(engine: Engine, prompt: str | Sequence[int], sampling: Sampl
             generation_tokens=st.n_generated,
             prompt_ms=(st.t_prompt_done - st.t_start) * 1e3,
             predicted_ms=(st.t_last - st.t_prompt_done) * 1e3,
-            draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, steps=st.steps,
-            accepted_per_step=[out.accepted] if out.drafted else [])
+            draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, steps=st.steps)
         if finish is not None:
             return
 

@@ -3,8 +3,10 @@
 The hash of the n tokens t[0..n-1] is llama.cpp ngram-mod's LCG polynomial
     h = (...((t0 * P + t1) * P + t2) ...) * P + t[n-1]   (mod 2**64),  P = 6364136223846793005.
 
-Invariant: `ngram_hashes(a, n)[j] == ngram_hash(a[j:j+n]) == rolled hash of that window`,
-for every array, so bulk (numpy) insertion and per-token (Python int) lookups agree.
+Invariant: `ngram_hashes(a, n)[j] == ngram_hash(a[j:j+n])`, and rolling a hash by one
+token, h' = (h - t_out * P**(n-1)) * P + t_in, gives the next window's hash (the hot loops
+in pool.put_ngrams and ngram_mod inline that), so bulk (numpy) insertion and per-token
+(Python int) lookups agree.
 """
 from __future__ import annotations
 
@@ -56,8 +58,3 @@ def _powers(n: int) -> np.ndarray:
 def power(n: int) -> int:
     """P**(n-1) mod 2**64: the weight of the oldest token in an n-gram hash."""
     return pow(P, n - 1, 1 << 64)
-
-
-def roll(h: int, out_token: int, in_token: int, p_old: int) -> int:
-    """Slide an n-gram hash by one token: drop `out_token` (weight `p_old`), append `in_token`."""
-    return ((h - out_token * p_old) * P + in_token) & MASK64

@@ -153,10 +153,3 @@ class HashPool:
             elif first and (e >> 32) == tag:
                 continue
             mv[i] = (tag << 32) | values[j]
-
-    def get_many(self, hashes: np.ndarray, salt: int) -> np.ndarray:
-        """Vectorised `get`: int64 values, -1 where absent."""
-        idx, tag = self._locate_many(hashes, salt)
-        e = self.table[idx]
-        hit = (e >> np.uint64(32)) == tag
-        return np.where(hit, (e & np.uint64(_LOW32)).astype(np.int64), -1)

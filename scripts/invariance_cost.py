@@ -13,7 +13,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 CHILD = r'''
 import json, os, sys, time

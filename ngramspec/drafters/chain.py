@@ -122,7 +122,3 @@ class DrafterChain:
         self._last.pop(seq_id, None)
         for d in self.drafters:
             d.end(seq_id)
-
-    @property
-    def last_drafter(self) -> dict[int, Drafter | None]:
-        return self._last

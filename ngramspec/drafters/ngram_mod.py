@@ -133,7 +133,7 @@ class NgramMod:
         window = history[L - n + 1:].tolist() if n > 1 else []
         window.append(sampled)
         h = ngram_hash(window)
-        # inlined HashPool.get + hashing.roll: this loop is the drafter's hot path
+        # inlined HashPool.get + a rolling hash step: this loop is the drafter's hot path
         mv, shift, salt, p_old = self.pool._mv, self.pool._shift, self.salt, self._p_old
         out: list[int] = []
         for i in range(want):
