@@ -73,8 +73,13 @@ class AcceptanceStats:
     """
 
     decay: float = 0.97
-    prior_accept: float = 2.0
-    prior_reject: float = 1.0
+    # Beta prior of the pooled rate: a cold drafter is trusted at 1/1.1 = 0.91 per
+    # token, and one unaccepted pseudo-token of 0.1 keeps the hazard estimate
+    # positive but lets a drafter that is never wrong (a copy) reach the long
+    # drafts where verification is cheapest per token within a few steps.
+    prior_accept: float = 1.0
+    prior_reject: float = 0.1
+    shrink: float = 1.0  # pseudo-observations pulling each position towards the pool
     offered: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
     accepted: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
     n_updates: int = 0
@@ -100,8 +105,7 @@ class AcceptanceStats:
         """
         pooled = (self.accepted.sum() + self.prior_accept) / (
             self.offered.sum() + self.prior_accept + self.prior_reject)
-        weight = self.prior_accept + self.prior_reject
-        return (self.accepted + weight * pooled) / (self.offered + weight)
+        return (self.accepted + self.shrink * pooled) / (self.offered + self.shrink)
 
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT."""
@@ -137,8 +141,25 @@ def calibrate(measure: Callable[[int], float], sizes: Sequence[int] = (1, 2, 4, 
     return VerifyCost(list(sizes), secs)
 
 
+PROBE_SIZES = (8, 32)
+PROBE_TOLERANCE = 1.5
+
+
+def _still_valid(curve: VerifyCost, measure: Callable[[int], float]) -> bool:
+    """Spot-check a cached curve: re-measure PROBE_SIZES (best of 2) and keep the
+    curve only if every probe is within PROBE_TOLERANCE of it. A curve recorded
+    while the machine was busy, or before a change of kernels or hardware, would
+    otherwise steer every draft length until the cache is deleted by hand."""
+    for n in PROBE_SIZES:
+        now, cached = min(measure(n) for _ in range(2)), curve.t(n)
+        if not (cached / PROBE_TOLERANCE <= now <= cached * PROBE_TOLERANCE):
+            return False
+    return True
+
+
 def load_or_calibrate(key: str, measure: Callable[[int], float], refresh: bool = False) -> VerifyCost:
-    """The cached curve for `key` (model file + size + threads), measured if absent."""
+    """The curve for `key` (model file + size + threads + kernels): from the cache
+    when a spot check still agrees with it, else measured and cached."""
     path = cache_path()
     data: dict = {}
     if path.exists():
@@ -147,8 +168,13 @@ def load_or_calibrate(key: str, measure: Callable[[int], float], refresh: bool =
         except (OSError, ValueError):
             data = {}
     if not refresh and key in data:
-        entry = data[key]
-        return VerifyCost(entry["sizes"], entry["seconds"])
+        try:
+            entry = data[key]
+            cached = VerifyCost(entry["sizes"], entry["seconds"])
+        except (KeyError, TypeError, ValueError):
+            cached = None
+        if cached is not None and _still_valid(cached, measure):
+            return cached
     curve = calibrate(measure)
     data[key] = {"sizes": curve.sizes, "seconds": curve.seconds, "measured_at": time.time()}
     try:

@@ -291,7 +291,7 @@ class Engine:
 
         p = self.model.path
         key = (f"{p.resolve()}:{p.stat().st_size}:threads={self.ctx.params.n_threads}:"
-               f"batch={self.ctx.n_batch}")
+               f"batch={self.ctx.n_batch}:invariant={self.ctx.invariant}")
         self.measure_verify(8)  # warm-up: first decodes allocate buffers
         return load_or_calibrate(key, self.measure_verify, refresh=refresh)
 

@@ -59,3 +59,33 @@ def test_decay_forgets_old_evidence():
     for _ in range(30):
         s.update(16, 0)
     assert s.p()[0] < 0.3 < 0.8 < high
+
+
+def _fake_measure(per_token_s, calls):
+    def measure(n):
+        calls.append(n)
+        return 0.016 + per_token_s * (n - 1)
+    return measure
+
+
+def test_cached_curve_is_reused_while_a_spot_check_agrees(tmp_path, monkeypatch):
+    from ngramspec.cost import PROBE_SIZES, load_or_calibrate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    calls: list[int] = []
+    first = load_or_calibrate("m", _fake_measure(0.006, calls))
+    calls.clear()
+    again = load_or_calibrate("m", _fake_measure(0.006, calls))
+    assert again.seconds == first.seconds
+    assert set(calls) == set(PROBE_SIZES)  # only the probes ran, no full calibration
+
+
+def test_cached_curve_from_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
+    from ngramspec.cost import load_or_calibrate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    load_or_calibrate("m", lambda n: 2.5 + 0.1 * n)  # recorded under heavy load: absurd
+    fixed = load_or_calibrate("m", _fake_measure(0.006, []))
+    assert fixed.t(1) == pytest.approx(0.016)
+    # and the corrected curve is what the cache holds now
+    assert load_or_calibrate("m", _fake_measure(0.006, [])).t(1) == pytest.approx(0.016)
