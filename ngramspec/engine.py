@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import codecs
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from .config import SpecConfig
-from .config import NgramMapParams, NgramModParams
-from .drafters import EMPTY, REGISTRY, DrafterChain, as_tokens
+from .drafters import EMPTY, DrafterChain, as_tokens
+from .drafters.chain import drafter_keys, make_drafter_for
 from .policy import DraftPolicy, FixedPolicy
 from .errors import ConfigError
 from .model import MAX_INVARIANT_BATCH, Context, ContextOverflow, Model
@@ -37,17 +37,6 @@ from .stats import DrafterStats, timings
 
 
 MAX_CONFIGS = 64
-_FIELD = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k",
-          "ngram-map-k4v": "ngram_map_k4v", "ngram-mod": "ngram_mod"}
-
-#: The drafters `--spec-type auto` compares every step: (type, parameters, name).
-#: Long keys are precise; short keys catch copies that resume after an edit.
-AUTO_CANDIDATES = (
-    ("ngram-simple", NgramMapParams(size_n=12, size_m=64), "ngram-simple"),
-    ("ngram-simple", NgramMapParams(size_n=5, size_m=64), "ngram-simple-n5"),
-    ("ngram-map-k", NgramMapParams(size_n=8, size_m=64), "ngram-map-k-n8"),
-    ("ngram-mod", NgramModParams(n_match=16, n_min=1, n_max=64), "ngram-mod-n16"),
-)
 
 
 @dataclass
@@ -119,14 +108,9 @@ class Engine:
                 while len(cache) >= MAX_CONFIGS:
                     del cache[next(iter(cache))]
             drafters = []
-            for key in (AUTO_CANDIDATES if cfg.auto else
-                        [(t, cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t), t)
-                         for t in cfg.types]):
+            for key in drafter_keys(cfg):
                 if key not in self._drafters:
-                    t, params, name = key
-                    d = REGISTRY[t](replace(cfg, types=(t,), **{_FIELD[t]: params}), self.pool)
-                    d.name = name
-                    self._drafters[key] = d
+                    self._drafters[key] = make_drafter_for(key, cfg, self.pool)
                 drafters.append(self._drafters[key])
             if self.draft_drafter is not None:  # draftless first, the draft model last
                 drafters.append(self.draft_drafter)

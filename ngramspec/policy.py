@@ -58,6 +58,20 @@ class _Pending:
     k: int = 0
 
 
+def majority(props: list) -> list:
+    """The proposals whose first token a strict majority of (3 or more) proposals
+    share; otherwise all of them. Drafters that agree found the same copy through
+    different keys, so a lone dissenter (usually a short key that matched a
+    different occurrence) is the one likely to be wrong at its first token."""
+    if len(props) < 3:
+        return props
+    firsts = [int(dr[0]) for _, dr in props]
+    top = max(set(firsts), key=firsts.count)
+    if 2 * firsts.count(top) <= len(props):
+        return props
+    return [p for p, f in zip(props, firsts) if f == top]
+
+
 class CostPolicy:
     """Choose draft length (and, with compare_all, the drafter) from cost and acceptance."""
 
@@ -105,7 +119,7 @@ class CostPolicy:
         k_max = max(len(dr) for _, dr in props)
         cost = self._marginal(base, k_max)
         best = (0, 1.0 / cost[0], None, EMPTY)
-        for d, dr in props:
+        for d, dr in majority(props):
             k, rate = best_length(self.stats(seq, d.name), cost[:len(dr) + 1], len(dr))
             if k > 0 and rate > best[1]:
                 best = (k, rate, d, dr)

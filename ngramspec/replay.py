@@ -66,6 +66,7 @@ class ReplayResult:
     drafted: int
     accepted: int
     draft_ns: np.ndarray
+    modelled_speedup: float | None = None  # replay_policy: plain decoding time / modelled time
 
     @property
     def tokens_per_step(self) -> float:
@@ -120,6 +121,60 @@ def replay(chain: DrafterChain, prompt: np.ndarray, generated: np.ndarray, *,
     chain.end(seq_id)
     return ReplayResult(name or ",".join(chain.config.types), P, G, steps, drafts, drafted,
                         accepted, np.asarray(times, dtype=np.int64))
+
+
+@dataclass
+class _ReplayState:
+    """The fields of the engine's SeqState that a DraftPolicy reads."""
+
+    seq_id: int
+    chain: DrafterChain
+    tokens: np.ndarray
+    n_hist: int
+    sampled: int
+
+
+def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generated: np.ndarray,
+                  *, name: str = "", seq_id: int = 0,
+                  on_step: Callable[[int, int, int], None] | None = None) -> ReplayResult:
+    """Replay `generated` with `policy` (a DraftPolicy) choosing every step's draft.
+
+    The chain and the policy get exactly the engine's calls (plan; accept for a
+    verified draft; observe with the emitted tokens). Each step is priced with
+    the verify-cost curve `cost` at t(1 + K); `modelled_speedup` is plain
+    decoding's (G - 1) * t(1) over the sum, so a policy can be judged on a
+    recorded stream without a model and without timing noise. `on_step` gets
+    (history length, drafted, accepted) after every step.
+    """
+    prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
+    P, G = len(prompt), len(generated)
+    st = _ReplayState(seq_id, chain, np.concatenate([prompt, generated]), P, int(generated[0]))
+    chain.begin(seq_id, prompt)
+    steps, drafts, drafted, accepted, seconds = 0, 0, 0, 0, 0.0
+    times: list[int] = []
+    while st.n_hist - P < G - 1:
+        room = G - 2 - (st.n_hist - P)
+        t0 = time.perf_counter_ns()
+        draft = policy.plan(st, room, 0) if room > 0 else np.zeros(0, dtype=np.int32)
+        times.append(time.perf_counter_ns() - t0)
+        truth = generated[st.n_hist - P + 1:st.n_hist - P + 2 + len(draft)]
+        neq = np.flatnonzero(draft != truth[:len(draft)])
+        n_acc = int(neq[0]) if len(neq) else len(draft)
+        if len(draft):
+            chain.accept(seq_id, n_acc)
+            drafts, drafted, accepted = drafts + 1, drafted + len(draft), accepted + n_acc
+        policy.observe(st, [int(t) for t in truth[:n_acc + 1]], n_acc)
+        if on_step is not None:
+            on_step(st.n_hist, len(draft), n_acc)
+        st.n_hist += n_acc + 1
+        st.sampled = int(generated[st.n_hist - P])
+        seconds += cost.t(1 + len(draft))
+        steps += 1
+    chain.end(seq_id)
+    policy.end(seq_id)
+    return ReplayResult(name or getattr(policy, "name", "policy"), P, G, steps, drafts, drafted,
+                        accepted, np.asarray(times, dtype=np.int64),
+                        modelled_speedup=(G - 1) * cost.t(1) / seconds if seconds else None)
 
 
 def replay_types(stream: Stream, config: SpecConfig, types: Iterable[str] | None = None,

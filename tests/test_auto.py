@@ -1,36 +1,18 @@
 """Auto mode without a model: the cost policy on synthetic streams, and the memory plan."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
+from ngramspec.config import SPEC_TYPES
+from ngramspec.drafters.chain import drafter_keys, make_drafter_for
 from ngramspec.cost import VerifyCost
 from ngramspec.drafters import DrafterChain, NgramSimple
 from ngramspec.memory import plan_auto
-from ngramspec.policy import CostPolicy
+from ngramspec.policy import CostPolicy, FixedPolicy, majority
 from ngramspec.pool import HashPool
-
-
-def run_policy(policy, chain, tokens, n_prompt):
-    """Verify loop over a known token stream (the 'model' emits tokens[i]); returns,
-    per step, (position, drafted length, accepted)."""
-    st = SimpleNamespace(seq_id=0, chain=chain, tokens=tokens, n_hist=n_prompt,
-                         sampled=int(tokens[n_prompt]))
-    chain.begin(0, tokens[:n_prompt])
-    log = []
-    while st.n_hist + 2 < len(tokens):
-        draft = policy.plan(st, room=len(tokens) - st.n_hist - 2, base=0)
-        truth = tokens[st.n_hist + 1:st.n_hist + 1 + len(draft)]
-        neq = np.flatnonzero(draft != truth)
-        acc = int(neq[0]) if len(neq) else len(draft)
-        emitted = tokens[st.n_hist + 1:st.n_hist + 2 + acc].tolist()
-        if len(draft):
-            chain.accept(0, acc)
-        policy.observe(st, emitted, acc)
-        log.append((st.n_hist, len(draft), acc))
-        st.n_hist += 1 + acc
-        st.sampled = int(tokens[st.n_hist])
-    return log
+from ngramspec.replay import load_stream, replay_policy
 
 
 def test_auto_turns_drafting_off_without_repeats_and_on_when_they_return():
@@ -43,7 +25,9 @@ def test_auto_turns_drafting_off_without_repeats_and_on_when_they_return():
     d = NgramSimple(NgramMapParams(size_n=3, size_m=32), HashPool(1 << 20))
     chain = DrafterChain(SpecConfig(types=("ngram-simple",)), drafters=[d])
     policy = CostPolicy(VerifyCost.linear(0.016, 0.006), compare_all=True)
-    log = run_policy(policy, chain, tokens, n_prompt=300)
+    log = []
+    replay_policy(chain, policy, policy.cost, tokens[:300], tokens[300:],
+                  on_step=lambda pos, k, a: log.append((pos, k, a)))
     late_noise = [k for pos, k, _ in log if 650 <= pos < 900]
     repeat = [(k, a) for pos, k, a in log if 950 <= pos < 1130]
     assert sum(k > 0 for k in late_noise) <= 0.1 * len(late_noise)  # backed off
@@ -68,3 +52,50 @@ def test_memory_plan_skips_a_draft_model_that_does_not_fit(tmp_path):
     low = plan_auto(spec, str(f), 600 << 20)
     assert low.spec.enabled and not low.use_draft_model and "draft model not loaded" in low.note
     assert plan_auto(spec, str(f), 8 << 30).use_draft_model
+
+
+def _p(name, *tokens):
+    return (SimpleNamespace(name=name), np.asarray(tokens, dtype=np.int32))
+
+
+def test_majority_drops_a_lone_dissenter():
+    # three drafters found the same copy, a short key found another occurrence
+    props = [_p("a", 5, 6, 7), _p("b", 5, 6), _p("n5", 9, 9), _p("c", 5, 6, 7, 8)]
+    assert [d.name for d, _ in majority(props)] == ["a", "b", "c"]
+    # a tie (2 vs 2) is no majority: every proposal stays
+    tie = [_p("a", 5), _p("b", 5), _p("c", 9), _p("d", 9)]
+    assert majority(tie) == tie
+    # with fewer than three proposals there is nothing to vote on
+    two = [_p("a", 5), _p("b", 9)]
+    assert majority(two) == two
+
+
+# Verify cost measured through llama-cpp-python on a 2-core CPU (../shared/REFERENCE.md).
+CPU_CURVE = VerifyCost([1, 2, 4, 8, 16, 32, 64], [.016, .027, .036, .055, .093, .176, .334])
+STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+
+
+def _modelled(stream, types, policy):
+    cfg = SpecConfig(types=()).with_types(types)
+    pool = HashPool(cfg.pool_bytes)
+    chain = DrafterChain(cfg, pool, [make_drafter_for(k, cfg, pool) for k in drafter_keys(cfg)])
+    return replay_policy(chain, policy, CPU_CURVE, stream.prompt, stream.generated[:256])
+
+
+def test_auto_on_recorded_copy_reaches_long_drafts_and_beats_every_fixed_type():
+    # refactor: the model copies a class; auto must reach drafts of tens of tokens
+    # within a few steps instead of settling at the knee of the cost curve
+    s = load_stream(STREAMS / "refactor.json")
+    auto = _modelled(s, "auto", CostPolicy(CPU_CURVE, compare_all=True))
+    assert auto.steps + auto.accepted == len(s.generated[:256]) - 1
+    assert auto.tokens_per_step >= 30
+    fixed = [_modelled(s, t, FixedPolicy()).modelled_speedup for t in SPEC_TYPES]
+    assert auto.modelled_speedup >= 0.97 * max(fixed)
+
+
+def test_auto_on_recorded_summary_beats_every_fixed_type():
+    # summarize: quotes with skips in between; short keys resume the copy sooner
+    s = load_stream(STREAMS / "summarize.json")
+    auto = _modelled(s, "auto", CostPolicy(CPU_CURVE, compare_all=True))
+    fixed = [_modelled(s, t, FixedPolicy()).modelled_speedup for t in SPEC_TYPES]
+    assert auto.modelled_speedup > max(fixed)

@@ -12,11 +12,12 @@ Invariants:
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
-from ..config import SPEC_TYPES, SpecConfig
+from ..config import SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig
 from ..errors import ConfigError
 from ..pool import HashPool
 from ..stats import DrafterStats
@@ -42,6 +43,34 @@ def make_drafter(name: str, config: SpecConfig | None = None,
         raise ConfigError(f"unknown spec type {name!r}; valid values: {', '.join(SPEC_TYPES)}")
     config = config or SpecConfig(types=(name,))
     return REGISTRY[name](config, pool or HashPool(config.pool_bytes))
+
+
+_FIELD = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k",
+          "ngram-map-k4v": "ngram_map_k4v", "ngram-mod": "ngram_mod"}
+
+#: The drafters `--spec-type auto` compares every step: (type, parameters, name).
+#: Long keys are precise; short keys catch copies that resume after an edit.
+AUTO_CANDIDATES = (
+    ("ngram-simple", NgramMapParams(size_n=12, size_m=64), "ngram-simple"),
+    ("ngram-simple", NgramMapParams(size_n=5, size_m=64), "ngram-simple-n5"),
+    ("ngram-map-k", NgramMapParams(size_n=8, size_m=64), "ngram-map-k-n8"),
+    ("ngram-mod", NgramModParams(n_match=16, n_min=1, n_max=64), "ngram-mod-n16"),
+)
+
+
+def drafter_keys(cfg: SpecConfig) -> list[tuple]:
+    """(type, parameters, name) of every drafter `cfg` chains, in chain order."""
+    if cfg.auto:
+        return list(AUTO_CANDIDATES)
+    return [(t, cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t), t) for t in cfg.types]
+
+
+def make_drafter_for(key: tuple, cfg: SpecConfig, pool: HashPool):
+    """One drafter for a `drafter_keys` entry, on `pool`."""
+    t, params, name = key
+    d = REGISTRY[t](replace(cfg, types=(t,), **{_FIELD[t]: params}), pool)
+    d.name = name
+    return d
 
 
 class DrafterChain:
