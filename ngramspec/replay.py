@@ -22,6 +22,7 @@ import numpy as np
 from .config import SPEC_TYPES, SpecConfig
 from .drafters import DrafterChain, as_tokens
 from .errors import NgramSpecError
+from .policy import FixedPolicy
 
 
 @dataclass
@@ -88,41 +89,6 @@ class ReplayResult:
                 "draft_p50_us": self.percentile_us(50), "draft_p99_us": self.percentile_us(99)}
 
 
-def replay(chain: DrafterChain, prompt: np.ndarray, generated: np.ndarray, *,
-           name: str = "", max_draft: int | None = None, seq_id: int = 0) -> ReplayResult:
-    """Replay `generated` (the target's output after `prompt`) through `chain`.
-
-    The first generated token is what prompt processing sampled; every later one
-    is produced by a verify step. A draft never exceeds the tokens left minus one.
-    """
-    prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
-    tokens = np.concatenate([prompt, generated])
-    P, G = len(prompt), len(generated)
-    chain.begin(seq_id, prompt)
-    pos, steps, drafts, drafted, accepted = 0, 0, 0, 0, 0
-    times: list[int] = []
-    cap = max_draft if max_draft is not None else 1 << 30
-    while pos < G - 1:
-        room = min(cap, G - 2 - pos)  # accepted + 1 <= tokens left after `sampled`
-        t0 = time.perf_counter_ns()
-        draft = chain.draft(seq_id, tokens[:P + pos], int(generated[pos]), room)
-        times.append(time.perf_counter_ns() - t0)
-        n_acc = 0
-        if len(draft):
-            truth = generated[pos + 1:pos + 1 + len(draft)]
-            neq = np.flatnonzero(draft != truth)
-            n_acc = int(neq[0]) if len(neq) else len(draft)
-            chain.accept(seq_id, n_acc)
-            drafts += 1
-            drafted += len(draft)
-            accepted += n_acc
-        pos += n_acc + 1
-        steps += 1
-    chain.end(seq_id)
-    return ReplayResult(name or ",".join(chain.config.types), P, G, steps, drafts, drafted,
-                        accepted, np.asarray(times, dtype=np.int64))
-
-
 @dataclass
 class _ReplayState:
     """The fields of the engine's SeqState that a DraftPolicy reads."""
@@ -135,13 +101,13 @@ class _ReplayState:
 
 
 def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generated: np.ndarray,
-                  *, name: str = "", seq_id: int = 0,
+                  *, name: str = "", seq_id: int = 0, max_draft: int | None = None,
                   on_step: Callable[[int, int, int], None] | None = None) -> ReplayResult:
     """Replay `generated` with `policy` (a DraftPolicy) choosing every step's draft.
 
     The chain and the policy get exactly the engine's calls (plan; accept for a
-    verified draft; observe with the emitted tokens). Each step is priced with
-    the verify-cost curve `cost` at t(1 + K); `modelled_speedup` is plain
+    verified draft; observe with the emitted tokens). With a verify-cost curve
+    `cost`, each step is priced at t(1 + K) and `modelled_speedup` is plain
     decoding's (G - 1) * t(1) over the sum, so a policy can be judged on a
     recorded stream without a model and without timing noise. `on_step` gets
     (history length, drafted, accepted) after every step.
@@ -152,10 +118,11 @@ def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generat
     chain.begin(seq_id, prompt)
     steps, drafts, drafted, accepted, seconds = 0, 0, 0, 0, 0.0
     times: list[int] = []
+    cap = max_draft if max_draft is not None else 1 << 30
     while st.n_hist - P < G - 1:
-        room = G - 2 - (st.n_hist - P)
+        room = min(cap, G - 2 - (st.n_hist - P))  # accepted + 1 <= tokens left after `sampled`
         t0 = time.perf_counter_ns()
-        draft = policy.plan(st, room, 0) if room > 0 else np.zeros(0, dtype=np.int32)
+        draft = policy.plan(st, room, 0)
         times.append(time.perf_counter_ns() - t0)
         truth = generated[st.n_hist - P + 1:st.n_hist - P + 2 + len(draft)]
         neq = np.flatnonzero(draft != truth[:len(draft)])
@@ -168,13 +135,26 @@ def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generat
             on_step(st.n_hist, len(draft), n_acc)
         st.n_hist += n_acc + 1
         st.sampled = int(generated[st.n_hist - P])
-        seconds += cost.t(1 + len(draft))
+        if cost is not None:
+            seconds += cost.t(1 + len(draft))
         steps += 1
     chain.end(seq_id)
     policy.end(seq_id)
     return ReplayResult(name or getattr(policy, "name", "policy"), P, G, steps, drafts, drafted,
                         accepted, np.asarray(times, dtype=np.int64),
                         modelled_speedup=(G - 1) * cost.t(1) / seconds if seconds else None)
+
+
+def replay(chain: DrafterChain, prompt: np.ndarray, generated: np.ndarray, *,
+           name: str = "", max_draft: int | None = None, seq_id: int = 0) -> ReplayResult:
+    """Replay `generated` (the target's output after `prompt`) through `chain` with
+    llama.cpp's fixed policy: the chain's draft, capped at `max_draft`.
+
+    The first generated token is what prompt processing sampled; every later one
+    is produced by a verify step. A draft never exceeds the tokens left minus one.
+    """
+    return replay_policy(chain, FixedPolicy(), None, prompt, generated, seq_id=seq_id,
+                         name=name or ",".join(chain.config.types), max_draft=max_draft)
 
 
 def replay_types(stream: Stream, config: SpecConfig, types: Iterable[str] | None = None,
