@@ -20,6 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import ubatch
 from .errors import NgramSpecError
 
 _BACKEND_READY = False
@@ -240,6 +241,8 @@ class Context:
         self.n_ctx = lc.llama_n_ctx(self.ptr)
         self.n_ctx_seq = lc.llama_n_ctx_seq(self.ptr)  # cells one sequence can use
         self.n_batch = lc.llama_n_batch(self.ptr)  # llama.cpp clamps it to n_ctx
+        self.n_ubatch = lc.llama_n_ubatch(self.ptr)
+        self.per_seq_streams = not cp.kv_unified
         self.memory = lc.llama_get_memory(self.ptr)
         self.batch = lc.llama_batch_init(params.n_batch + params.n_seq_max, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
@@ -267,42 +270,59 @@ class Context:
         logits of every token are kept, else only the last token's. Returns, per
         entry, the batch indices of its logit rows (for `logits_at`/samplers).
         The total must fit in n_batch.
+
+        Batch-invariant contexts: where llama.cpp would evaluate a token alone in a
+        ubatch, a dummy token is appended to that sequence (at the next position,
+        no logits) and removed after the decode (`ubatch.pads_needed`); a decode
+        that would still break an invariance rule raises ValueError.
         """
         lc = _llama()
+        lengths = [(seq_id, len(tokens)) for seq_id, tokens, _, _ in entries]
+        pads = self.pads_for(lengths)
         b = self.batch
         i = 0
         rows: list[list[int]] = []
         for seq_id, tokens, pos0, all_logits in entries:
             mine = []
             n = len(tokens)
-            for k in range(n):
-                b.token[i] = int(tokens[k])
+            for k in range(n + pads.get(seq_id, 0)):
+                pad = k >= n
+                b.token[i] = int(tokens[n - 1 if pad else k])
                 b.pos[i] = pos0 + k
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq_id
-                want = all_logits or k == n - 1
+                want = not pad and (all_logits or k == n - 1)
                 b.logits[i] = want
                 if want:
                     mine.append(i)
                 i += 1
             rows.append(mine)
-        if i + len(entries) > self.n_batch + 1:
-            raise ValueError(f"batch of {i} tokens exceeds n_batch={self.n_batch}")
-        pads = []
-        if self.invariant:  # a 1-query sequence takes flash attention's split-KV path
-            for seq_id, tokens, pos0, _ in entries:
-                if len(tokens) == 1:
-                    b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = int(tokens[0]), pos0 + 1, 1, False
-                    b.seq_id[i][0] = seq_id
-                    pads.append((seq_id, pos0 + 1))
-                    i += 1
         b.n_tokens = i
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
-        for seq_id, pos in pads:  # drop the padding tokens' KV entries
-            self.truncate(seq_id, pos)
+        for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
+            if pads.get(seq_id):
+                self.truncate(seq_id, pos0 + len(tokens))
         return rows
+
+    def pads_for(self, lengths: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """Padding tokens per sequence for a decode of `lengths` (seq_id, n_tokens);
+        raises ValueError if the decode does not fit or cannot be made invariant."""
+        total = sum(n for _, n in lengths)
+        if total > self.n_batch:
+            raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
+        if not self.invariant:
+            return {}
+        pads = ubatch.pads_needed(lengths, self.n_ubatch, self.per_seq_streams)
+        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
+        if sum(pads.values()) + total > self.n_batch:
+            raise ValueError(f"batch of {total} tokens plus {sum(pads.values())} padding "
+                             f"tokens exceeds n_batch={self.n_batch}")
+        why = ubatch.invariant_violation(ubatch.split(padded, self.n_ubatch, self.per_seq_streams))
+        if why is not None:
+            raise ValueError(f"decode of {lengths} is not batch-invariant: {why}")
+        return pads
 
     def logits_at(self, index: int) -> np.ndarray:
         """Logits of batch index `index` of the last decode (a view)."""

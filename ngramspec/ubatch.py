@@ -1,0 +1,128 @@
+"""How llama.cpp splits one llama_decode into ubatches, and the padding that keeps
+every ubatch batch-invariant (docs/exactness.md).
+
+llama.cpp evaluates a batch as one or more *ubatches*, each a separate graph:
+- one KV stream (a unified cache; our single-sequence contexts): `split_simple`,
+  consecutive tokens in batch order, at most n_ubatch per ubatch;
+- one stream per sequence (our multi-slot contexts): `split_equal` with
+  sequential seq ids. A ubatch takes a run of consecutive seq ids, starting with
+  the sequence of the first unused token, and the same number of tokens from each:
+  as many as the shortest of them has left.
+
+So a decode of [3, 2, 2, 2] tokens for sequences 0..3 runs as {0..3: 2 each} and
+then {0: 1}: sequence 0's last token alone. A lone token takes other kernels than
+a token among others (flash attention's split-KV path for one query, the
+1-column matmul), so its logits differ from plain decoding.
+
+Invariants (checked by `invariant_violation`, guaranteed by `pads_needed`):
+- U1: no ubatch holds exactly one token;
+- U2: no stream holds 64 or more tokens in one ubatch (flash attention's tiled
+  path starts at 64 query rows of one stream).
+This module is pure (no llama.cpp): the split is a function of the batch's token
+order, which `Context.decode` builds as each entry's tokens followed by its pads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+#: flash attention takes a tiled kernel at this many query rows of one stream
+FA_TILE_ROWS = 64
+
+
+@dataclass(frozen=True)
+class Ubatch:
+    """One ubatch: tokens taken per sequence (equal for every sequence in a split_equal ubatch)."""
+
+    take: tuple[tuple[int, int], ...]  # (seq_id, tokens), in order
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(n for _, n in self.take)
+
+    @property
+    def max_per_stream(self) -> int:
+        return max(n for _, n in self.take)
+
+
+def _layout(lengths: Sequence[tuple[int, int]]) -> list[int]:
+    """Seq id of every batch token: each entry's tokens in entry order."""
+    return [s for s, n in lengths for _ in range(n)]
+
+
+def split_simple(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubatch]:
+    """llama.cpp's split_simple: consecutive tokens, n_ubatch at a time."""
+    seqs = _layout(lengths)
+    out = []
+    for i in range(0, len(seqs), n_ubatch):
+        chunk = seqs[i:i + n_ubatch]
+        take: dict[int, int] = {}
+        for s in chunk:
+            take[s] = take.get(s, 0) + 1
+        out.append(Ubatch(tuple(take.items())))
+    return out
+
+
+def split_equal(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubatch]:
+    """llama.cpp's split_equal(n_ubatch, sequential=True) on a batch whose tokens
+    belong to one sequence each (llama-batch.cpp)."""
+    seqs = _layout(lengths)
+    used = [False] * len(seqs)
+    by_seq: dict[int, list[int]] = {}
+    for i, s in enumerate(seqs):
+        by_seq.setdefault(s, []).append(i)
+    cursor = {s: 0 for s in by_seq}
+    out = []
+    while not all(used):
+        cur: list[int] = []
+        for i, s in enumerate(seqs):
+            if used[i] or s in cur or (cur and s != cur[-1] + 1):
+                continue
+            cur.append(s)
+            if len(cur) > n_ubatch:
+                break
+        taken = {s: 0 for s in cur}
+        while all(cursor[s] < len(by_seq[s]) for s in cur):
+            for s in cur:
+                used[by_seq[s][cursor[s]]] = True
+                cursor[s] += 1
+                taken[s] += 1
+            if (taken[cur[0]] + 1) * len(cur) > n_ubatch:
+                break
+        out.append(Ubatch(tuple(taken.items())))
+    return out
+
+
+def split(lengths: Sequence[tuple[int, int]], n_ubatch: int, per_seq_streams: bool) -> list[Ubatch]:
+    """The ubatches llama.cpp forms for entries (seq_id, n_tokens) in batch order."""
+    lengths = [(s, n) for s, n in lengths if n > 0]
+    return (split_equal if per_seq_streams else split_simple)(lengths, n_ubatch)
+
+
+def invariant_violation(ubatches: Sequence[Ubatch]) -> str | None:
+    """Why this split is not batch-invariant (U1/U2), or None."""
+    for ub in ubatches:
+        if ub.n_tokens == 1:
+            return f"a ubatch holds a single token (sequence {ub.take[0][0]})"
+        if ub.max_per_stream >= FA_TILE_ROWS:
+            return f"a ubatch holds {ub.max_per_stream} tokens of one stream (limit {FA_TILE_ROWS - 1})"
+    return None
+
+
+def pads_needed(lengths: Sequence[tuple[int, int]], n_ubatch: int,
+                per_seq_streams: bool) -> dict[int, int]:
+    """Dummy tokens to append per sequence so that no ubatch holds a single token (U1).
+
+    Appending one token to the lone token's sequence turns that ubatch into two
+    tokens and changes no other ubatch: earlier ones took that sequence's tokens
+    by another sequence's (smaller) remainder, later ones no longer contain it.
+    """
+    pads: dict[int, int] = {}
+    for _ in range(len(lengths) + 1):
+        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
+        lone = [ub for ub in split(padded, n_ubatch, per_seq_streams) if ub.n_tokens == 1]
+        if not lone:
+            return pads
+        s = lone[0].take[0][0]
+        pads[s] = pads.get(s, 0) + 1
+    raise AssertionError(f"padding did not converge for {list(lengths)}")  # pragma: no cover

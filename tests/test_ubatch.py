@@ -1,0 +1,65 @@
+"""llama.cpp's ubatch split, reproduced in Python, on hand-written batches (no model)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from ngramspec.ubatch import invariant_violation, pads_needed, split
+
+
+def takes(lengths, streams=True, n_ubatch=512):
+    return [dict(ub.take) for ub in split(lengths, n_ubatch, streams)]
+
+
+def test_equal_lengths_make_one_ubatch():
+    assert takes([(s, 2) for s in range(8)]) == [{s: 2 for s in range(8)}]
+    assert takes([(s, 1) for s in range(4)]) == [{0: 1, 1: 1, 2: 1, 3: 1}]
+
+
+def test_a_longer_sequence_is_finished_alone():
+    # issue 12: sequence 0's third token is evaluated alone
+    assert takes([(0, 3), (1, 2), (2, 2), (3, 2)]) == [{0: 2, 1: 2, 2: 2, 3: 2}, {0: 1}]
+    assert takes([(0, 1), (1, 5)]) == [{0: 1, 1: 1}, {1: 4}]
+
+
+def test_only_consecutive_sequence_ids_share_a_ubatch():
+    assert takes([(0, 2), (1, 2), (3, 2)]) == [{0: 2, 1: 2}, {3: 2}]
+    assert takes([(0, 2), (1, 3), (2, 2), (3, 4)]) == [{0: 2, 1: 2, 2: 2, 3: 2}, {1: 1}, {3: 2}]
+
+
+def test_n_ubatch_bounds_tokens_per_ubatch():
+    assert takes([(0, 5), (1, 5)], n_ubatch=4) == [{0: 2, 1: 2}, {0: 2, 1: 2}, {0: 1, 1: 1}]
+    assert takes([(0, 10)], streams=False, n_ubatch=4) == [{0: 4}, {0: 4}, {0: 2}]
+
+
+def test_one_stream_is_one_ubatch_in_batch_order():
+    assert takes([(0, 3), (1, 2)], streams=False) == [{0: 3, 1: 2}]
+
+
+def test_violations():
+    assert invariant_violation(split([(0, 1)], 512, False)) is not None
+    assert invariant_violation(split([(0, 3), (1, 2)], 512, True)) is not None
+    assert invariant_violation(split([(0, 64)], 512, False)) is not None
+    assert invariant_violation(split([(0, 63), (1, 63)], 512, True)) is None  # per stream
+    assert invariant_violation(split([(0, 1), (1, 1), (2, 1)], 512, True)) is None
+    assert invariant_violation(split([(0, 2), (1, 1), (2, 1)], 512, True)) is not None
+
+
+def test_pads_only_where_a_token_would_be_alone():
+    assert pads_needed([(0, 1)], 512, False) == {0: 1}
+    assert pads_needed([(s, 1) for s in range(8)], 512, True) == {}
+    assert pads_needed([(0, 3), (1, 2), (2, 2), (3, 2)], 512, True) == {0: 1}
+    assert pads_needed([(0, 2), (1, 3), (2, 2), (3, 4)], 512, True) == {1: 1}
+
+
+@pytest.mark.parametrize("streams", [True, False])
+def test_padding_always_yields_an_invariant_split(streams):
+    for lens in itertools.product([0, 1, 2, 3, 5, 17], repeat=4):
+        lengths = [(s, n) for s, n in enumerate(lens) if n]
+        if not lengths:
+            continue
+        pads = pads_needed(lengths, 512, streams)
+        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
+        assert invariant_violation(split(padded, 512, streams)) is None, (lengths, pads)
+        assert sum(pads.values()) <= len(lengths)
