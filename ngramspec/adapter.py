@@ -10,7 +10,8 @@
 output, the last one just sampled) and verifies what it returns. The adapter
 maps that onto the Drafter protocol: a call whose ids do not extend the
 previous call's is a new request (`begin`); otherwise the tokens that arrived
-since tell how much of the previous draft was accepted (`accept`).
+since tell how much of the previous draft was accepted (`settle`). The calls go
+through one `Speculation`, as in the engine.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import numpy as np
 
 from .config import SpecConfig, spec_config_from_options
 from .drafters import DrafterChain
+from .policy import FixedPolicy
+from .speculation import Speculation
 
 try:  # the base class, when llama-cpp-python is installed (it is a dependency)
     from llama_cpp.llama_speculative import LlamaDraftModel
@@ -39,6 +42,7 @@ class NgramDraftModel(LlamaDraftModel):
             raise ConfigError("NgramDraftModel needs concrete spec types (e.g. 'ngram-mod'), "
                               "not 'auto' or 'none'")
         self.chain = DrafterChain(cfg)
+        self.spec = Speculation(0, self.chain, FixedPolicy())
         self.num_pred_tokens = num_pred_tokens
         self._prev: np.ndarray | None = None
         self._draft = np.zeros(0, dtype=np.int32)
@@ -50,14 +54,16 @@ class NgramDraftModel(LlamaDraftModel):
         prev = self._prev
         if prev is None or len(ids) <= len(prev) or not np.array_equal(ids[:len(prev)], prev):
             if prev is not None:
-                self.chain.end(0)
-            self.chain.begin(0, ids[:-1])
-        elif len(self._draft):
+                self.spec.end()
+            self.spec.begin(ids[:-1])
+        else:
             new = ids[len(prev):]
             n = min(len(new), len(self._draft))
             neq = np.flatnonzero(self._draft[:n] != new[:n])
-            self.chain.accept(0, int(neq[0]) if len(neq) else n)
-        self._draft = self.chain.draft(0, ids[:-1], int(ids[-1]), self.num_pred_tokens)
+            n_acc = int(neq[0]) if len(neq) else n
+            self.spec.settle(new[:n_acc + 1].tolist(), n_acc)
+        opts = self.spec.plan(ids[:-1], int(ids[-1]), self.num_pred_tokens)
+        self._draft = self.spec.commit(opts.k_max)
         self._prev = ids.copy()
         return self._draft.astype(np.intc)
 

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from .config import SPEC_TYPES, SpecConfig
-from .engine import Engine, generate
+from .engine import Engine
+from .generate import generate
 from .oracle import OracleDrafter
 from .sampling import SamplingParams
 
@@ -47,7 +48,7 @@ class ModeResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
     @property
-    def mean_acceptance_length(self) -> float:
+    def tokens_per_step(self) -> float:
         return (self.tokens - len(self.tok_per_s)) / self.steps if self.steps else 1.0
 
     @property
@@ -144,7 +145,7 @@ def to_json(all_results: dict[str, dict[str, ModeResult]], meta: dict,
         sp = speedups(res)
         out["workloads"][w] = {m: {**asdict(r), "median_tok_per_s": r.median_tps,
                                    "speedup": sp[m], "acceptance_rate": r.acceptance_rate,
-                                   "mean_acceptance_length": r.mean_acceptance_length,
+                                   "tokens_per_step": r.tokens_per_step,
                                    "drafter_share": r.drafter_share}
                                for m, r in res.items()}
     return json.dumps(out, indent=2)

@@ -253,8 +253,8 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
 def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, prompt_file,
              n_predict, draft_p_min, as_json, verbose_cmd, fast, **kw) -> None:
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
+    from .generate import stream_generate
     from .runtime import load_engine
-    from .engine import stream_generate
     from .stats import acceptance_line
 
     if verbose_cmd:
@@ -279,7 +279,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     if as_json:
         click.echo(json.dumps({
             "content": "".join(pieces), "finish_reason": last.finish_reason,
-            "timings": last.timings(), "mean_acceptance_length": last.mean_acceptance_length,
+            "timings": last.timings(), "tokens_per_step": last.tokens_per_step,
             "spec_type": ",".join(spec.types) or "none",
             "statistics": {k: v.as_dict() for k, v in stats.items()}}, indent=2))
         return
@@ -291,7 +291,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     print(f"prompt: {last.prompt_tokens} tokens in {last.prompt_ms:.1f} ms; generated: "
           f"{last.generation_tokens} tokens in {last.predicted_ms:.1f} ms = "
           f"{last.predicted_per_second:.2f} tok/s; mean acceptance length "
-          f"{last.mean_acceptance_length:.2f} tokens/step", file=err)
+          f"{last.tokens_per_step:.2f} tokens/step", file=err)
 
 
 # ------------------------------------------------------------------ bench
@@ -325,11 +325,10 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     from rich.progress import Progress
 
     from . import bench as B
-    from .engine import Engine
-    from .model import Context, ContextParams, Model
-    from .runtime import default_threads
-
     from .config import parse_spec_types
+    from .engine import Engine
+    from .policy import CostPolicy
+    from .runtime import load_engine
 
     mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
     for t in mode_types:
@@ -349,18 +348,18 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     if not works:
         raise ConfigError("nothing to run: no workloads selected and no prompt files given")
     modes = ["off", *[t for t in mode_types if t != "none"]] + ([] if no_oracle else ["oracle"])
-    threads = threads or default_threads()
-    with err_console.status("loading model and measuring the verify cost ..."):
-        m = Model(model, verbose=bool(ctx.obj.get("verbose")), use_extra_bufts=fast)
-        context = Context(m, ContextParams(n_ctx=ctx_size, n_threads=threads,
-                                           batch_invariant=not fast))
-        curve = Engine(m, context).calibrate()
+    with err_console.status("loading model and measuring the decode cost ..."):
+        base = load_engine(model, model_draft, ctx_size, threads,
+                           spec.with_types("auto"), verbose=bool(ctx.obj.get("verbose")),
+                           batch_invariant=not fast)
+    m, context, cost = base.model, base.ctx, base.policy.cost
+    threads = context.params.n_threads
 
     def make_engine(cfg, extra):
-        from .policy import CostPolicy
-
         context.clear()
-        policy = CostPolicy(curve, compare_all=cfg.auto) if cfg.policy == "cost" else None
+        policy = CostPolicy(cost, compare_all=cfg.auto) if cfg.policy == "cost" else None
+        if extra is None and cfg.enabled:
+            extra = base.draft_drafter  # -md drafts after the n-gram chain, as in generate
         return Engine(m, context, cfg, draft_drafter=extra, policy=policy)
 
     all_results, peers = {}, {}
@@ -379,7 +378,9 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     for name, res in all_results.items():
         _print_bench(name, res, n_predict, reps, peers.get(name))
     meta = {"model": str(m.path), "threads": threads, "n_predict": n_predict, "reps": reps,
-            "modes": modes, "batch_invariant": not fast, "verify_cost_s": dict(zip(curve.sizes, curve.seconds))}
+            "modes": modes, "batch_invariant": not fast,
+            "decode_cost": {"per_ubatch_s": cost.per_ubatch, "per_token_s": cost.per_token,
+                            "per_logit_s": cost.per_logit, "per_kv_s": cost.per_kv}}
     if json_out:
         Path(json_out).write_text(B.to_json(all_results, meta, peers))
     if plot_path:
@@ -400,7 +401,7 @@ def _print_bench(name, res, n_predict, reps, peer=None) -> None:
     for mode, r in res.items():
         row = [mode, f"{r.median_tps:.1f}", f"{sp[mode]:.2f}x",
                f"{r.acceptance_rate:.1%}" if r.drafted else "-",
-               f"{r.mean_acceptance_length:.2f}", f"{r.drafter_share:.1%}",
+               f"{r.tokens_per_step:.2f}", f"{r.drafter_share:.1%}",
                "yes" if r.exact else "NO"]
         if peer:
             p = peer.get(mode)

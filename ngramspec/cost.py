@@ -1,15 +1,21 @@
-"""Cost-aware draft length: verify cost t(K) x acceptance statistics -> best K.
+"""Cost model: the time of one llama_decode, and acceptance statistics -> draft length.
 
-A verify step that evaluates `sampled` + K draft tokens costs t(K+1) seconds
-and emits 1 + A tokens, A = accepted draft tokens. With p_i the probability that
-draft token i is accepted given tokens 1..i-1 were,
-    E[tokens | K] = 1 + sum_{i<=K} prod_{j<=i} p_j
-and the step's throughput is E[tokens | K] / t(K+1). `best_length` picks the K
-maximising it (K = 0 means: do not draft, plain decode at 1 / t(1)).
+A decode runs as the ubatches llama.cpp splits it into (`ubatch.py`), each a
+graph of its own, so its time is modelled from that split:
+
+    t = per_ubatch * ubatches + per_token * tokens (padding included)
+        + per_logit * logit rows + per_kv * sum over tokens of (stream cells / 1000)
+
+On a 2-core CPU with Gemma 3 270M: ~13 ms per ubatch (weights streamed once per
+graph), ~3 ms per token, ~3.4 ms more per logit row (the 262k-row output layer).
+A verify step that evaluates `sampled` + K draft tokens emits 1 + A tokens,
+A = accepted draft tokens. With p_i the probability that draft token i is
+accepted given tokens 1..i-1 were,
+    E[tokens | K] = 1 + sum_{i<=K} prod_{j<=i} p_j.
 
 Invariants:
-- `VerifyCost.t(n)` is positive and non-decreasing in n (measured points are
-  made monotone; interpolation is linear, extrapolation extends the last slope).
+- `DecodeCost.seconds` is positive and non-decreasing in every entry's tokens
+  (all coefficients are >= 0 and per_ubatch > 0).
 - `AcceptanceStats` estimates p_i from decayed counts with a Beta prior, so an
   unseen position is neither certain nor hopeless, and old evidence fades.
 """
@@ -18,50 +24,97 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
+from . import ubatch
+
 MAX_DRAFT = 64
 
 
-@dataclass
-class VerifyCost:
-    """Seconds to evaluate a batch of n tokens (all logits), from measured points."""
+@dataclass(frozen=True)
+class Shape:
+    """One entry of a decode: a sequence's tokens, how many want logits, its stream's cells."""
 
-    sizes: list[int]
-    seconds: list[float]
+    seq_id: int
+    n_tokens: int
+    n_logits: int
+    n_kv: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """Seconds of one llama_decode, from the ubatches llama.cpp splits it into."""
+
+    per_ubatch: float
+    per_token: float
+    per_logit: float
+    per_kv: float = 0.0  # per token per 1000 cells of its stream
+    per_seq_streams: bool = False  # the context's KV layout (decides the split)
+    n_ubatch: int = 512
+    pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
 
     def __post_init__(self) -> None:
-        order = np.argsort(self.sizes)
-        self.sizes = [int(self.sizes[i]) for i in order]
-        secs = np.maximum.accumulate(np.asarray([self.seconds[i] for i in order], dtype=float))
-        self.seconds = [float(s) for s in secs]
-        if not self.sizes or self.seconds[0] <= 0:
-            raise ValueError("a verify-cost curve needs positive timings")
+        if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv) < 0:
+            raise ValueError(f"a decode cost needs a positive per-ubatch cost and no negative "
+                             f"coefficient: {self}")
 
-    def t(self, n: int) -> float:
-        xs, ys = self.sizes, self.seconds
-        if n <= xs[0]:
-            return ys[0]
-        if n >= xs[-1]:
-            if len(xs) == 1:
-                return ys[-1]
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return ys[-1] + slope * (n - xs[-1])
-        return float(np.interp(n, xs, ys))
+    def features(self, shapes: Sequence[Shape]) -> np.ndarray:
+        """(ubatches, tokens with padding, logit rows, token-kilocells) of one decode."""
+        lengths = [(s.seq_id, s.n_tokens) for s in shapes if s.n_tokens > 0]
+        pads = ubatch.pads_needed(lengths, self.n_ubatch, self.per_seq_streams) if self.pad else {}
+        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
+        n_ub = len(ubatch.split(padded, self.n_ubatch, self.per_seq_streams))
+        tokens = sum(n for _, n in padded)
+        kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
+        return np.array([n_ub, tokens, sum(s.n_logits for s in shapes), kv], dtype=float)
 
-    def table(self, k_max: int = MAX_DRAFT) -> np.ndarray:
-        """t(K+1) for K = 0..k_max."""
-        return np.asarray([self.t(k + 1) for k in range(k_max + 1)])
+    @property
+    def coef(self) -> np.ndarray:
+        return np.array([self.per_ubatch, self.per_token, self.per_logit, self.per_kv])
+
+    def seconds(self, shapes: Sequence[Shape]) -> float:
+        return float(self.features(shapes) @ self.coef)
+
+    def t(self, n: int, n_kv: int = 0) -> float:
+        """One sequence verifying n tokens (all logits)."""
+        return self.seconds([Shape(0, n, n, n_kv)])
+
+    def table(self, k_max: int = MAX_DRAFT, n_kv: int = 0) -> np.ndarray:
+        """t(K+1) for K = 0..k_max (one sequence alone)."""
+        return np.asarray([self.t(k + 1, n_kv) for k in range(k_max + 1)])
+
+    def for_context(self, per_seq_streams: bool, n_ubatch: int, pad: bool) -> "DecodeCost":
+        return replace(self, per_seq_streams=per_seq_streams, n_ubatch=n_ubatch, pad=pad)
 
     @classmethod
-    def linear(cls, base_s: float, per_token_s: float) -> "VerifyCost":
-        """A synthetic curve t(n) = base + per_token * (n - 1) (for tests and fallbacks)."""
-        sizes = [1, 2, 4, 8, 16, 32, 64, 65]
-        return cls(sizes, [base_s + per_token_s * (n - 1) for n in sizes])
+    def linear(cls, base_s: float, per_token_s: float) -> "DecodeCost":
+        """A synthetic single-stream model t(n) = base + per_token * (n - 1) (tests)."""
+        return cls(per_ubatch=base_s - per_token_s, per_token=0.0, per_logit=per_token_s)
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[Sequence[Shape], float]], **layout) -> "DecodeCost":
+        """Least squares over measured decodes, coefficients kept >= 0."""
+        probe = cls(1.0, 0.0, 0.0, **layout)
+        x = np.array([probe.features(sh) for sh, _ in samples])
+        y = np.array([sec for _, sec in samples])
+        active = [True] * 4
+        coef = np.zeros(4)
+        for _ in range(4):
+            cols = [i for i in range(4) if active[i]]
+            sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
+            coef[:] = 0
+            coef[cols] = sol
+            neg = [i for i in cols if coef[i] < 0 and i != 0]
+            if not neg:
+                break
+            for i in neg:
+                active[i] = False
+        coef[0] = max(coef[0], 1e-4)
+        return cls(*[float(c) for c in coef], **layout)
 
 
 @dataclass
@@ -115,7 +168,7 @@ class AcceptanceStats:
 def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple[int, float]:
     """(K, tokens per second) maximising E[tokens | K] / t(K+1) over K in 0..max_len.
 
-    `cost` is VerifyCost.table(): cost[K] = t(K+1).
+    `cost` is DecodeCost.table(): cost[K] = t(K+1).
     """
     k_max = int(min(max_len, len(cost) - 1, MAX_DRAFT))
     if k_max <= 0:
@@ -130,36 +183,60 @@ def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple
 
 def cache_path() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ngramspec" / "verify_cost.json"
+    return Path(base) / "ngramspec" / "decode_cost.json"
 
 
-def calibrate(measure: Callable[[int], float], sizes: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
-              repeats: int = 3) -> VerifyCost:
-    """Build a VerifyCost from `measure(n)` = seconds for one n-token verify batch
-    (the minimum of `repeats` runs: the least disturbed one)."""
-    secs = [min(measure(n) for _ in range(repeats)) for n in sizes]
-    return VerifyCost(list(sizes), secs)
+def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
+                       n_ctx_seq: int = 4096) -> list[list[Shape]]:
+    """Decodes measured to fit a DecodeCost: one stream at several sizes, with and
+    without logits, with and without context; with one stream per sequence also
+    several streams and decodes llama.cpp splits into two ubatches. Every shape
+    fits a sequence of n_ctx_seq cells and n_seq sequences."""
+    sizes = [n for n in (1, 2, 8, 32, 63) if n < n_ctx_seq]
+    shapes = [[Shape(0, n, n)] for n in sizes]
+    shapes += [[Shape(0, n, 1)] for n in (16, 63) if n < n_ctx_seq]
+    kv = min(1024, (n_ctx_seq - 64) // 64 * 64)
+    if kv >= 256:
+        shapes += [[Shape(0, n, n, kv)] for n in (2, 32)]
+    k = min(n_seq, 4)
+    if per_seq_streams and k >= 2 and n_ctx_seq > 16:
+        shapes += [[Shape(s, 1, 1) for s in range(k)],
+                   [Shape(0, 9, 9)] + [Shape(s, 1, 1) for s in range(1, k)],
+                   [Shape(0, 2, 2), Shape(1, 5, 5)]]
+    return shapes
 
 
-PROBE_SIZES = (8, 32)
+PROBES = ([Shape(0, 8, 8)], [Shape(0, 32, 32)])  # contexts too small for these are not probed
 PROBE_TOLERANCE = 1.5
 
 
-def _still_valid(curve: VerifyCost, measure: Callable[[int], float]) -> bool:
-    """Spot-check a cached curve: re-measure PROBE_SIZES (best of 2) and keep the
-    curve only if every probe is within PROBE_TOLERANCE of it. A curve recorded
-    while the machine was busy, or before a change of kernels or hardware, would
-    otherwise steer every draft length until the cache is deleted by hand."""
-    for n in PROBE_SIZES:
-        now, cached = min(measure(n) for _ in range(2)), curve.t(n)
+def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
+              shapes: Sequence[Sequence[Shape]], repeats: int = 3) -> DecodeCost:
+    """Fit a DecodeCost to `measure(shapes)` = seconds of one decode (the minimum of
+    `repeats` runs: the least disturbed one)."""
+    samples = [(sh, min(measure(sh) for _ in range(repeats))) for sh in shapes]
+    return DecodeCost.fit(samples, **layout)
+
+
+def _still_valid(cost: DecodeCost, measure: Callable[[Sequence[Shape]], float],
+                 n_ctx_seq: int) -> bool:
+    """Spot-check a cached model: re-measure PROBES (best of 2) and keep it only if every
+    probe is within PROBE_TOLERANCE. A model fitted while the machine was busy, or
+    before a change of kernels or hardware, would otherwise steer every draft length
+    until the cache is deleted by hand."""
+    for shapes in PROBES:
+        if shapes[0].n_tokens >= n_ctx_seq:
+            continue
+        now, cached = min(measure(shapes) for _ in range(2)), cost.seconds(shapes)
         if not (cached / PROBE_TOLERANCE <= now <= cached * PROBE_TOLERANCE):
             return False
     return True
 
 
-def load_or_calibrate(key: str, measure: Callable[[int], float], refresh: bool = False) -> VerifyCost:
-    """The curve for `key` (model file + size + threads + kernels): from the cache
-    when a spot check still agrees with it, else measured and cached."""
+def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
+                      n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False) -> DecodeCost:
+    """The cost model for `key` (model file + size + threads + kernels + KV layout):
+    from the cache when a spot check still agrees with it, else measured and cached."""
     path = cache_path()
     data: dict = {}
     if path.exists():
@@ -169,17 +246,18 @@ def load_or_calibrate(key: str, measure: Callable[[int], float], refresh: bool =
             data = {}
     if not refresh and key in data:
         try:
-            entry = data[key]
-            cached = VerifyCost(entry["sizes"], entry["seconds"])
+            cached = DecodeCost(**data[key]["coef"], **layout)
         except (KeyError, TypeError, ValueError):
             cached = None
-        if cached is not None and _still_valid(cached, measure):
+        if cached is not None and _still_valid(cached, measure, n_ctx_seq):
             return cached
-    curve = calibrate(measure)
-    data[key] = {"sizes": curve.sizes, "seconds": curve.seconds, "measured_at": time.time()}
+    shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq)
+    cost = calibrate(measure, layout, shapes)
+    coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
+    data[key] = {"coef": coef, "measured_at": time.time()}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(data, indent=1))
     except OSError:
         pass  # a read-only home only costs a re-calibration next time
-    return curve
+    return cost

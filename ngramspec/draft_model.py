@@ -29,8 +29,9 @@ class DraftModelDrafter:
              n_max: int = 16, p_min: float = 0.0, verbose: bool = False) -> "DraftModelDrafter":
         model = Model(path, verbose=verbose)
         check_same_vocab(target, model)
+        # drafts are proposals the target verifies: the draft context needs no batch invariance
         ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq,
-                                           n_threads=threads))
+                                           n_threads=threads, batch_invariant=False))
         return cls(model, ctx, n_max=n_max, p_min=p_min)
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:

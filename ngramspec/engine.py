@@ -1,10 +1,15 @@
 """The speculative engine: draft, verify in one batched decode, keep accepted + 1, roll back.
 
 Layers (each a generator over the one below, as in mlx-lm):
-    Engine.step(seqs)          one llama_decode for every active sequence
-    Engine.generate_step(...)  StepOutput per verify step, for one sequence
-    stream_generate(...)       GenerationResponse per token (text delta, stats)
-    generate(...)              the whole text + final stats
+    Engine.prefill(st) / Engine.step(seqs)   one llama_decode each
+    Engine.generate_step(...)                StepOutput per decode, for one sequence
+    generate.stream_generate(...)            GenerationResponse per step (text, stats)
+    generate.generate(...)                   the whole text + final stats
+
+A sequence's life: `start` (admission: sampler, speculation, prompt cache; no
+decode) -> `prefill` until its prompt is in the KV cache (the last chunk samples
+the first token) -> `step` together with every other generating sequence ->
+`finish` (its KV stays as the slot's prompt cache).
 
 Invariants (per sequence, after every step):
 - KV cache holds exactly tokens[:n_hist] at positions 0..n_hist-1; `sampled`
@@ -15,26 +20,31 @@ Invariants (per sequence, after every step):
 - Spec-off is the same loop with empty drafts, so the two modes differ only in
   how many tokens one llama_decode evaluates.
 - A draft never makes a step overshoot n_predict or the context.
+- Prompt tokens are evaluated by `Context.prefill` (tiled attention, 64+ rows)
+  when the prompt has 64 tokens or more, else by one ordinary decode; either way
+  the prompt's KV is a function of the prompt alone (docs/exactness.md), so a
+  cached prefix is reused only where it was evaluated that same way.
 """
 from __future__ import annotations
 
-import codecs
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
+from . import planner
 from .config import SpecConfig
-from .drafters import EMPTY, DrafterChain, as_tokens
+from .cost import Shape
+from .drafters import DrafterChain, as_tokens
 from .drafters.chain import drafter_keys, make_drafter_for
-from .policy import DraftPolicy, FixedPolicy
 from .errors import ConfigError
-from .model import MAX_INVARIANT_BATCH, Context, ContextOverflow, Model
+from .model import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context, ContextOverflow, Model
+from .policy import DraftPolicy, FixedPolicy
 from .pool import HashPool
 from .sampling import Sampler, SamplingParams
-from .stats import DrafterStats, timings
-
+from .speculation import Speculation
+from .stats import DrafterStats
 
 MAX_CONFIGS = 64
 
@@ -46,16 +56,14 @@ class SeqState:
     seq_id: int
     sampler: Sampler
     n_predict: int
-    speculative: bool
-    tokens: np.ndarray  # history buffer, int32, capacity n_ctx
+    tokens: np.ndarray  # history buffer, int32, capacity n_ctx + 1
     n_prompt: int
-    chain: DrafterChain | None = None
-    n_hist: int = 0
+    spec: Speculation | None = None
+    n_hist: int = 0  # tokens in the KV cache (during prefill: prompt tokens so far)
+    n_cached: int = 0  # prompt tokens reused from the slot's cache
     sampled: int = -1
     n_generated: int = 0
     steps: int = 0
-    draft_n: int = 0
-    draft_n_accepted: int = 0
     finish_reason: str | None = None
     t_start: float = 0.0
     t_prompt_done: float = 0.0
@@ -65,15 +73,45 @@ class SeqState:
     def done(self) -> bool:
         return self.finish_reason is not None
 
+    @property
+    def prefilling(self) -> bool:
+        return self.sampled < 0 and not self.done
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def draft_n(self) -> int:
+        return self.spec.draft_n if self.spec else 0
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return self.spec.draft_n_accepted if self.spec else 0
+
 
 @dataclass
 class StepOutput:
-    """Tokens one verify step emitted for one sequence (EOG excluded)."""
+    """Tokens one decode emitted for one sequence (EOG excluded)."""
 
     tokens: list[int]
-    drafted: int
-    accepted: int
-    finish_reason: str | None
+    drafted: int = 0
+    accepted: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass
+class SlotCache:
+    """What a sequence id's KV holds after its last request (llama-server's cache_prompt)."""
+
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    reusable: int = 0  # leading tokens evaluated by the tiled prefill (reusable as prompt)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
 
 
 class Engine:
@@ -93,6 +131,8 @@ class Engine:
         self.draft_drafter = draft_drafter
         self._drafters: dict[tuple, object] = {}
         self._chains: dict[SpecConfig, DrafterChain] = {}
+        self.cache: dict[int, SlotCache] = {}
+        self._scratch: dict[int, int] = {}  # calibration: scratch cells per sequence id
 
     def chain_for(self, cfg: SpecConfig) -> DrafterChain:
         """The (cached) chain for `cfg`, built from shared drafter instances.
@@ -117,11 +157,21 @@ class Engine:
             chain = self._chains[cfg] = DrafterChain(cfg, self.pool, drafters)
         return chain
 
-    # ------------------------------------------------------------ lifecycle
+    # ------------------------------------------------------------ admission
+    def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
+        """Prompt tokens sequence `seq_id`'s KV already holds, evaluated as a prefill of
+        this prompt would evaluate them; at least one token is always left to evaluate
+        (its logits give the first token)."""
+        c = self.cache.get(seq_id)
+        if c is None or not self._tiled(len(prompt)):
+            return 0
+        return min(common_prefix(c.tokens[:c.reusable], prompt), len(prompt) - 1)
+
     def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
-              n_predict: int = 256, speculative: bool = True,
-              spec: SpecConfig | None = None) -> SeqState:
-        """Evaluate the prompt of a new sequence and sample its first token.
+              n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
+              cache_prompt: bool = True) -> SeqState:
+        """Admit a new sequence: sampler, speculation and the slot's cached prefix.
+        Nothing is evaluated: `prefill` does that.
 
         `spec` overrides the engine's SpecConfig for this sequence; speculative=False
         or an empty type list turns drafting off for it.
@@ -135,77 +185,108 @@ class Engine:
         n_predict = n_ctx - len(prompt) if n_predict is None or n_predict < 0 else n_predict
         n_predict = min(n_predict, n_ctx - len(prompt))
         cfg = self.spec if spec is None else spec
-        chain = None
-        if speculative and (cfg.enabled or self.draft_drafter is not None):
-            chain = self.chain_for(cfg)
-        st = SeqState(seq_id=seq_id, sampler=Sampler(self.ctx, sampling), n_predict=n_predict,
-                      speculative=chain is not None, chain=chain,
+        sampler = Sampler(self.ctx, sampling)
+        st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
                       tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
         st.t_start = time.perf_counter()
-        self.ctx.clear(seq_id)
         st.tokens[:len(prompt)] = prompt
-        rows: list[int] = []
-        # invariant: chunks under 64 tokens keep flash attention off its tiled path,
-        # whose sums would depend on where the sequence's cells lie
-        step = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
-        for i in range(0, len(prompt), step):
-            chunk = prompt[i:i + step]
-            rows = self.ctx.decode([(seq_id, chunk, i, False)])[0]
-        st.n_hist = len(prompt)
-        if st.speculative:
-            st.chain.begin(seq_id, prompt)
-        st.t_prompt_done = st.t_last = time.perf_counter()
-        if n_predict == 0:
-            st.finish_reason = "length"
-            return st
-        st.sampled = st.sampler.sample(rows[-1])
+        st.n_cached = self.reusable_prefix(seq_id, prompt) if cache_prompt else 0
+        self.ctx.truncate(seq_id, st.n_cached)
+        self.cache.pop(seq_id, None)
+        st.n_hist = st.n_cached
+        if speculative and (cfg.enabled or self.draft_drafter is not None):
+            st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy)
+            st.spec.begin(prompt)
         return st
 
-    def first_output(self, st: SeqState) -> StepOutput:
-        """The token sampled from the prompt, as a StepOutput (counts toward n_predict)."""
-        if st.done:
-            return StepOutput([], 0, 0, st.finish_reason)
-        return StepOutput(self._emit(st, [st.sampled]), 0, 0, st.finish_reason)
+    def prefill(self, st: SeqState, max_tokens: int = 512) -> StepOutput | None:
+        """Evaluate the next chunk of st's prompt (one llama_decode, this sequence alone).
+
+        Returns the first token's StepOutput when the prompt is complete, else None.
+        """
+        if not self._tiled(st.n_prompt):
+            step = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
+            end = min(st.n_prompt, st.n_hist + step)
+            rows = self.ctx.decode([(st.seq_id, st.tokens[st.n_hist:end], st.n_hist, False)])[0]
+        else:
+            end = self._chunk_end(st, max_tokens)
+            rows = self.ctx.prefill(st.seq_id, st.tokens[st.n_hist:end], st.n_hist)
+        st.n_hist = end
+        if end < st.n_prompt:
+            return None
+        st.t_prompt_done = st.t_last = time.perf_counter()
+        if st.n_predict == 0:
+            st.finish_reason = "length"
+            return StepOutput([], finish_reason="length")
+        st.sampled = st.sampler.sample(rows[-1])
+        return StepOutput(self._emit(st, [st.sampled]), finish_reason=st.finish_reason)
+
+    def _tiled(self, n_prompt: int) -> bool:
+        """Whether a prompt of n_prompt tokens is evaluated by the tiled prefill."""
+        return self.ctx.tiled_prefill and n_prompt >= TILED_PREFILL_MIN
+
+    def _chunk_end(self, st: SeqState, max_tokens: int) -> int:
+        """End of the next tiled chunk: at most max_tokens (>= 128, <= n_ubatch), never
+        leaving a remainder under TILED_PREFILL_MIN; a last chunk that is short and
+        has no room for padding before the slot's end re-evaluates earlier prompt
+        tokens instead (same values: the tiled path is per-token deterministic)."""
+        cap = min(max(max_tokens, 2 * TILED_PREFILL_MIN), self.ctx.n_ubatch, self.ctx.n_batch)
+        left = st.n_prompt - st.n_hist
+        n = min(left, cap)
+        if n < left and left - n < TILED_PREFILL_MIN:
+            n = left - TILED_PREFILL_MIN
+        if n < TILED_PREFILL_MIN and st.n_hist + TILED_PREFILL_MIN > self.ctx.n_ctx_seq:
+            st.n_hist = st.n_prompt - TILED_PREFILL_MIN
+            st.n_cached = min(st.n_cached, st.n_hist)
+            self.ctx.truncate(st.seq_id, st.n_hist)
+            n = TILED_PREFILL_MIN
+        return st.n_hist + n
 
     def finish(self, st: SeqState) -> None:
-        """Release a sequence: KV entries, drafter state, sampler."""
-        self.ctx.clear(st.seq_id)
-        if st.speculative:
-            st.chain.end(st.seq_id)
-            self.policy.end(st.seq_id)
+        """Release a sequence: drafter state and sampler; its KV stays as the slot's
+        prompt cache (the prompt part that a later prefill would evaluate alike)."""
+        reusable = st.n_prompt if self._tiled(st.n_prompt) and not st.prefilling else 0
+        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable)
+        if st.spec is not None:
+            st.spec.end()
         st.sampler.close()
         if st.finish_reason is None:
             st.finish_reason = "cancelled"
 
+    def forget(self, seq_id: int) -> None:
+        """Drop a sequence id's KV and cache entry (after a failure)."""
+        self.cache.pop(seq_id, None)
+        self.ctx.clear(seq_id)
+
     # ------------------------------------------------------------ one step
-    def _draft_for(self, st: SeqState, budget: int, base: int) -> np.ndarray:
-        """The draft to verify for `st`; `base` = tokens already in this step's batch."""
-        if not st.speculative:
-            return EMPTY
-        room = min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx_seq - st.n_hist - 2, budget)
-        if room <= 0:
-            return EMPTY
-        return self.policy.plan(st, room, base)
+    def _room(self, st: SeqState) -> int:
+        return min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx_seq - st.n_hist - 2)
+
+    def _limits(self) -> tuple[int, int]:
+        """(rows per sequence, rows per decode) a generation decode may hold."""
+        if not self.ctx.invariant:
+            return self.ctx.n_batch, self.ctx.n_batch
+        if self.ctx.per_seq_streams:  # U2 per stream; padding needs one spare row per entry
+            return MAX_INVARIANT_BATCH, self.ctx.n_batch - self.ctx.params.n_seq_max
+        return MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
 
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
-        """One verify step for every sequence in `seqs`, in ONE llama_decode."""
-        active = [s for s in seqs if not s.done]
-        limit = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
-        budget = limit - 2 * len(active)  # `sampled` (+ padding) per sequence
-        drafts = []
-        base = len(active) - 1
+        """One verify step for every generating sequence in `seqs`, in ONE llama_decode."""
+        active = [s for s in seqs if not s.done and not s.prefilling]
+        opts, base = [], []
         for st in active:
-            d = self._draft_for(st, max(budget, 0), base)
-            budget -= len(d)
-            base += len(d)
-            drafts.append(d)
+            room = self._room(st) if st.spec is not None else 0
+            opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
+                        else planner.DraftOptions())
+            base.append(Shape(st.seq_id, 1, 1, st.n_hist))
+        ks = planner.plan(opts, base, getattr(self.policy, "cost", None), *self._limits())
+        drafts = [st.spec.commit(k) if st.spec is not None else np.zeros(0, np.int32)
+                  for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
         rows = self.ctx.decode(entries) if entries else []
-        out: dict[int, StepOutput] = {}
-        for st, d, r in zip(active, drafts, rows):
-            out[id(st)] = self._verify(st, d, r)
-        return [out.get(id(s), StepOutput([], 0, 0, s.finish_reason)) for s in seqs]
+        out = {id(st): self._verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
+        return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
 
     def _verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
         sampled: list[int] = []
@@ -223,12 +304,8 @@ class Engine:
         st.n_hist = keep
         st.sampled = sampled[-1]
         st.steps += 1
-        if len(draft):
-            st.chain.accept(st.seq_id, n_acc)
-            st.draft_n += len(draft)
-            st.draft_n_accepted += n_acc
-        if st.speculative:
-            self.policy.observe(st, sampled, n_acc)
+        if st.spec is not None:
+            st.spec.settle(sampled, n_acc)
         return StepOutput(self._emit(st, sampled), len(draft), n_acc, st.finish_reason)
 
     def _emit(self, st: SeqState, tokens: list[int]) -> list[int]:
@@ -250,34 +327,58 @@ class Engine:
     def generate_step(self, prompt, sampling: SamplingParams, n_predict: int = 256,
                       speculative: bool = True, seq_id: int = 0,
                       spec: SpecConfig | None = None) -> Iterator[tuple[SeqState, StepOutput]]:
-        """Yield (state, StepOutput) per verify step for one sequence until it finishes."""
+        """Yield (state, StepOutput) per decode that emitted for one sequence until it finishes."""
         st = self.start(seq_id, prompt, sampling, n_predict, speculative, spec)
         try:
-            yield st, self.first_output(st)
+            first = None
+            while first is None:
+                first = self.prefill(st)
+            yield st, first
             while not st.done:
                 yield st, self.step([st])[0]
         finally:
             self.finish(st)
 
-    def measure_verify(self, n: int, seq_id: int = 0) -> float:
-        """Seconds for one n-token decode with all logits (sequence `seq_id` must be free)."""
-        toks = (np.arange(n, dtype=np.int32) * 7919 + 1000) % max(self.model.n_vocab - 1, 1)
-        self.ctx.clear(seq_id)
+    # ------------------------------------------------------------ cost calibration
+    def measure_decode(self, shapes: Sequence[Shape]) -> float:
+        """Seconds for one decode of `shapes` on scratch content. The sequences must be
+        free; each keeps its n_kv scratch cells for the next measurement (`calibrate`
+        clears them)."""
+        rng = np.random.default_rng(0)
+        for s in shapes:
+            have = self._scratch.get(s.seq_id, 0)
+            if have != s.n_kv:
+                self.ctx.clear(s.seq_id)
+                for p in range(0, s.n_kv, 512):
+                    n = min(512, s.n_kv - p)
+                    self.ctx._run([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
+                self._scratch[s.seq_id] = s.n_kv
+        entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
+                    s.n_logits == s.n_tokens) for s in shapes]
         t0 = time.perf_counter()
-        self.ctx.decode([(seq_id, toks, 0, True)])
+        self.ctx.decode(entries)
         dt = time.perf_counter() - t0
-        self.ctx.clear(seq_id)
+        for s in shapes:
+            self.ctx.truncate(s.seq_id, s.n_kv)
         return dt
 
     def calibrate(self, refresh: bool = False):
-        """The verify-cost curve t(n) of this model, context and thread count (cached)."""
+        """The decode-cost model of this model, context layout and thread count (cached)."""
         from .cost import load_or_calibrate
 
-        p = self.model.path
-        key = (f"{p.resolve()}:{p.stat().st_size}:threads={self.ctx.params.n_threads}:"
-               f"batch={self.ctx.n_batch}:invariant={self.ctx.invariant}")
-        self.measure_verify(8)  # warm-up: first decodes allocate buffers
-        return load_or_calibrate(key, self.measure_verify, refresh=refresh)
+        p, c = self.model.path, self.ctx
+        layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant}
+        key = (f"{p.resolve()}:{p.stat().st_size}:threads={c.params.n_threads}:"
+               f"invariant={c.invariant}:streams={c.per_seq_streams}")
+        self._scratch = {}
+        try:
+            self.measure_decode([Shape(0, 8, 8)])  # warm-up: first decodes allocate buffers
+            return load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
+                                     c.n_ctx_seq, refresh=refresh)
+        finally:
+            for seq_id in self._scratch:
+                self.forget(seq_id)
+            self._scratch = {}
 
     def stats(self) -> dict[str, DrafterStats]:
         """llama.cpp-style counters per drafter, summed over every chain in use."""
@@ -293,117 +394,3 @@ class Engine:
                     elif k != "name":
                         setattr(acc, k, getattr(acc, k) + v)
         return total
-
-
-# ------------------------------------------------------------------ text layer
-
-
-@dataclass
-class GenerationResponse:
-    """One streamed piece of a generation (mlx-lm style)."""
-
-    text: str  # new text since the previous response
-    tokens: list[int]  # tokens emitted by this step
-    finish_reason: str | None
-    prompt_tokens: int
-    generation_tokens: int
-    prompt_ms: float
-    predicted_ms: float
-    draft_n: int
-    draft_n_accepted: int
-    steps: int
-
-    @property
-    def predicted_per_second(self) -> float:
-        return self.generation_tokens / (self.predicted_ms / 1e3) if self.predicted_ms else 0.0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        """Tokens per verify step (accepted + 1 each); the prompt's token excluded."""
-        return (self.generation_tokens - 1) / self.steps if self.steps else 1.0
-
-    def timings(self) -> dict:
-        """llama.cpp's `timings` object."""
-        return timings(self.prompt_tokens, self.prompt_ms, self.generation_tokens,
-                       self.predicted_ms, self.draft_n, self.draft_n_accepted)
-
-
-class TextStream:
-    """Bytes of token pieces -> text, holding back partial UTF-8 and stop-string prefixes."""
-
-    def __init__(self, model: Model, stop: Sequence[str] = ()):
-        self.model = model
-        self.stop = [s for s in stop if s]
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self.text = ""  # all text so far (stop strings cut)
-        self._sent = 0
-        self.stopped = False
-
-    def push(self, tokens: Sequence[int], final: bool = False) -> str:
-        """Add tokens; return the text now safe to send."""
-        for t in tokens:
-            self.text += self._dec.decode(self.model.piece(t))
-        if final:
-            self.text += self._dec.decode(b"", final=True)
-        hold = 0
-        for s in self.stop:
-            i = self.text.find(s, max(self._sent - len(s), 0))
-            if i >= 0:
-                self.text = self.text[:i]
-                self.stopped = True
-                hold = 0
-                break
-            for k in range(min(len(s) - 1, len(self.text)), 0, -1):  # a prefix at the end
-                if self.text.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
-        upto = len(self.text) if (final or self.stopped) else len(self.text) - hold
-        upto = max(upto, self._sent)
-        new = self.text[self._sent:upto]
-        self._sent = upto
-        return new
-
-
-def stream_generate(engine: Engine, prompt: str | Sequence[int], sampling: SamplingParams,
-                    n_predict: int = 256, speculative: bool = True, stop: Sequence[str] = (),
-                    seq_id: int = 0, spec: SpecConfig | None = None) -> Iterator[GenerationResponse]:
-    """Yield a GenerationResponse per verify step; the last one has finish_reason set."""
-    tokens = engine.model.tokenize(prompt) if isinstance(prompt, str) else prompt
-    text = TextStream(engine.model, stop)
-    for st, out in engine.generate_step(tokens, sampling, n_predict, speculative, seq_id, spec):
-        finish = out.finish_reason
-        delta = text.push(out.tokens, final=finish is not None)
-        if text.stopped:
-            finish = st.finish_reason = "stop"
-        yield GenerationResponse(
-            text=delta, tokens=out.tokens, finish_reason=finish, prompt_tokens=st.n_prompt,
-            generation_tokens=st.n_generated,
-            prompt_ms=(st.t_prompt_done - st.t_start) * 1e3,
-            predicted_ms=(st.t_last - st.t_prompt_done) * 1e3,
-            draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, steps=st.steps)
-        if finish is not None:
-            return
-
-
-@dataclass
-class GenerationResult:
-    text: str
-    tokens: list[int]
-    final: GenerationResponse
-
-
-def generate(engine: Engine, prompt: str | Sequence[int], sampling: SamplingParams,
-             n_predict: int = 256, speculative: bool = True, stop: Sequence[str] = (),
-             spec: SpecConfig | None = None) -> GenerationResult:
-    """Run a whole generation; return its text, token ids and final stats."""
-    parts, toks, last = [], [], None
-    for r in stream_generate(engine, prompt, sampling, n_predict, speculative, stop, spec=spec):
-        parts.append(r.text)
-        toks.extend(r.tokens)
-        last = r
-    assert last is not None
-    return GenerationResult("".join(parts), toks, last)

@@ -49,9 +49,12 @@ class ContextOverflow(NgramSpecError):
         self.n_prompt_tokens, self.n_ctx = n_prompt_tokens, n_ctx
 
 
-#: Largest llama_decode that stays batch-invariant: flash attention switches to a
-#: tiled kernel at 64 query rows (docs/exactness.md).
+#: Most tokens of one sequence a batch-invariant generation decode holds: flash
+#: attention switches to a tiled kernel at 64 query rows of a stream (docs/exactness.md).
 MAX_INVARIANT_BATCH = 63
+#: Prompt chunks are evaluated with at least this many rows (padded), so every prompt
+#: token takes the tiled attention path whatever the chunking (docs/exactness.md).
+TILED_PREFILL_MIN = 64
 
 
 def _llama():
@@ -243,10 +246,12 @@ class Context:
         self.n_batch = lc.llama_n_batch(self.ptr)  # llama.cpp clamps it to n_ctx
         self.n_ubatch = lc.llama_n_ubatch(self.ptr)
         self.per_seq_streams = not cp.kv_unified
-        self.memory = lc.llama_get_memory(self.ptr)
-        self.batch = lc.llama_batch_init(params.n_batch + params.n_seq_max, 0, params.n_seq_max)
-        self.n_vocab = model.n_vocab
         self.invariant = params.batch_invariant
+        # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
+        self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
+        self.memory = lc.llama_get_memory(self.ptr)
+        self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
+        self.n_vocab = model.n_vocab
 
     def close(self) -> None:
         lc = _llama()
@@ -266,19 +271,31 @@ class Context:
     def decode(self, entries: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[list[int]]:
         """Evaluate several sequences' tokens in ONE llama_decode.
 
-        entries: (seq_id, tokens, first position, all_logits). With all_logits the
-        logits of every token are kept, else only the last token's. Returns, per
-        entry, the batch indices of its logit rows (for `logits_at`/samplers).
-        The total must fit in n_batch.
+        entries: (seq_id, tokens, first position, all_logits), in ascending seq_id.
+        With all_logits the logits of every token are kept, else only the last
+        token's. Returns, per entry, the batch indices of its logit rows (for
+        `logits_at`/samplers). The total must fit in n_batch.
 
         Batch-invariant contexts: where llama.cpp would evaluate a token alone in a
         ubatch, a dummy token is appended to that sequence (at the next position,
         no logits) and removed after the decode (`ubatch.pads_needed`); a decode
         that would still break an invariance rule raises ValueError.
         """
+        return self._run(entries, self.pads_for([(s, len(t)) for s, t, _, _ in entries]))
+
+    def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int) -> list[int]:
+        """Evaluate prompt tokens of one sequence in a llama_decode of their own, padded
+        to TILED_PREFILL_MIN rows, so that flash attention takes its tiled path for
+        every one of them (rule T, docs/exactness.md). Returns the last token's row."""
+        n = len(tokens)
+        if not 0 < n <= min(self.n_ubatch, self.n_batch):
+            raise ValueError(f"a prefill chunk holds 1..{min(self.n_ubatch, self.n_batch)} "
+                             f"tokens, got {n}")
+        return self._run([(seq_id, tokens, pos0, False)], {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
+
+    def _run(self, entries, pads: dict[int, int]) -> list[list[int]]:
+        """Fill the batch (each entry's tokens, then its pads), decode, drop the pads."""
         lc = _llama()
-        lengths = [(seq_id, len(tokens)) for seq_id, tokens, _, _ in entries]
-        pads = self.pads_for(lengths)
         b = self.batch
         i = 0
         rows: list[list[int]] = []

@@ -28,14 +28,15 @@ class LlamaServerPeer:
     """A llama-server subprocess with one speculation setting (a context manager)."""
 
     def __init__(self, binary: str, model: str, spec_type: str, n_ctx: int = 4096,
-                 threads: int = 2, extra: list[str] | None = None, timeout_s: float = 180):
+                 threads: int = 2, extra: list[str] | None = None, timeout_s: float = 180,
+                 n_parallel: int = 1):
         if not Path(binary).is_file() or not os.access(binary, os.X_OK):
             raise NgramSpecError(f"--llama-server {binary} is not an executable file; build one "
                                  "with ../shared/tools/build-llama-server.sh")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),
-                    "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "-np", "1",
+                    "-c", str(n_ctx), "-t", str(threads), "-tb", str(threads), "-np", str(n_parallel),
                     "--no-warmup"] + ([] if spec_type == "none" else ["--spec-type", spec_type])
         self.cmd += extra or []
         self.timeout_s = timeout_s

@@ -7,7 +7,7 @@ against the true continuation, and the step advances by accepted + 1 tokens.
 
 Invariants: steps * 1 + accepted == len(generated) - 1 (each step emits the
 accepted draft tokens plus one token from the target); the drafter receives
-exactly the begin/draft/accept/end calls the engine would make.
+exactly the calls the engine would make (through one `Speculation`).
 """
 from __future__ import annotations
 
@@ -15,14 +15,18 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from . import planner
 from .config import SPEC_TYPES, SpecConfig
+from .cost import Shape
 from .drafters import DrafterChain, as_tokens
 from .errors import NgramSpecError
+from .model import MAX_INVARIANT_BATCH
 from .policy import FixedPolicy
+from .speculation import Speculation
 
 
 @dataclass
@@ -90,70 +94,118 @@ class ReplayResult:
 
 
 @dataclass
-class _ReplayState:
-    """The fields of the engine's SeqState that a DraftPolicy reads."""
+class _Seq:
+    """One recorded stream being replayed."""
 
-    seq_id: int
-    chain: DrafterChain
-    tokens: np.ndarray
+    sp: Speculation
+    prompt: np.ndarray
+    generated: np.ndarray
     n_hist: int
     sampled: int
+    steps: int = 0
+    drafts: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    times: list = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.n_hist - len(self.prompt) >= len(self.generated) - 1
+
+
+def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.ndarray, np.ndarray]],
+                 *, max_draft: int | None = None,
+                 on_step: Callable[[int, int, int, int], None] | None = None
+                 ) -> tuple[list[ReplayResult], float | None]:
+    """Replay several recorded streams decoded together, one slot each, from the start.
+
+    Every step each unfinished sequence's Speculation plans, the planner chooses all
+    lengths together (as the engine's step does), each draft is checked against its
+    stream's true continuation and the sequence advances by accepted + 1. With a
+    decode-cost model `cost` each step is priced as one decode of all entries; the
+    second value returned is plain decoding's modelled time over that (the speedup).
+    `on_step` gets (sequence, history length, drafted, accepted).
+    """
+    seqs = []
+    for i, (prompt, generated) in enumerate(streams):
+        prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
+        sp = Speculation(i, chain, policy)
+        sp.begin(prompt)
+        seqs.append(_Seq(sp, prompt, generated, len(prompt), int(generated[0])))
+    cap = max_draft if max_draft is not None else 1 << 30
+    per_seq, total = MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
+    if cost is not None and cost.per_seq_streams:
+        total = 512 - len(seqs)
+    seconds = 0.0
+    while any(not s.done for s in seqs):
+        active = [(i, s) for i, s in enumerate(seqs) if not s.done]
+        t0 = time.perf_counter_ns()
+        opts = []
+        for i, s in active:
+            room = min(cap, len(s.generated) - 2 - (s.n_hist - len(s.prompt)))
+            hist = np.concatenate([s.prompt, s.generated[:s.n_hist - len(s.prompt)]])
+            opts.append(s.sp.plan(hist, s.sampled, room))
+        ks = planner.plan(opts, [Shape(i, 1, 1, s.n_hist) for i, s in active],
+                          getattr(policy, "cost", None), per_seq, total)
+        shapes = []
+        for (i, s), k in zip(active, ks):
+            draft = s.sp.commit(k)
+            s.times.append((time.perf_counter_ns() - t0) // max(len(active), 1))
+            shapes.append(Shape(i, 1 + len(draft), 1 + len(draft), s.n_hist))
+            at = s.n_hist - len(s.prompt)
+            truth = s.generated[at + 1:at + 2 + len(draft)]
+            neq = np.flatnonzero(draft != truth[:len(draft)])
+            n_acc = int(neq[0]) if len(neq) else len(draft)
+            if len(draft):
+                s.drafts, s.drafted, s.accepted = s.drafts + 1, s.drafted + len(draft), s.accepted + n_acc
+            s.sp.settle([int(t) for t in truth[:n_acc + 1]], n_acc)
+            if on_step is not None:
+                on_step(i, s.n_hist, len(draft), n_acc)
+            s.n_hist += n_acc + 1
+            s.sampled = int(s.generated[s.n_hist - len(s.prompt)])
+            s.steps += 1
+        if cost is not None:
+            seconds += cost.seconds(shapes)
+    for s in seqs:
+        s.sp.end()
+    results = [ReplayResult(getattr(policy, "name", "policy"), len(s.prompt), len(s.generated),
+                            s.steps, s.drafts, s.drafted, s.accepted,
+                            np.asarray(s.times, dtype=np.int64)) for s in seqs]
+    if cost is None or not seconds:
+        return results, None
+    plain, t = 0.0, 0
+    while any(t < len(s.generated) - 1 for s in seqs):
+        plain += cost.seconds([Shape(i, 1, 1, len(s.prompt) + t) for i, s in enumerate(seqs)
+                               if t < len(s.generated) - 1])
+        t += 1
+    return results, plain / seconds
 
 
 def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generated: np.ndarray,
-                  *, name: str = "", seq_id: int = 0, max_draft: int | None = None,
+                  *, name: str = "", max_draft: int | None = None,
                   on_step: Callable[[int, int, int], None] | None = None) -> ReplayResult:
-    """Replay `generated` with `policy` (a DraftPolicy) choosing every step's draft.
-
-    The chain and the policy get exactly the engine's calls (plan; accept for a
-    verified draft; observe with the emitted tokens). With a verify-cost curve
-    `cost`, each step is priced at t(1 + K) and `modelled_speedup` is plain
-    decoding's (G - 1) * t(1) over the sum, so a policy can be judged on a
-    recorded stream without a model and without timing noise. `on_step` gets
-    (history length, drafted, accepted) after every step.
-    """
-    prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
-    P, G = len(prompt), len(generated)
-    st = _ReplayState(seq_id, chain, np.concatenate([prompt, generated]), P, int(generated[0]))
-    chain.begin(seq_id, prompt)
-    steps, drafts, drafted, accepted, seconds = 0, 0, 0, 0, 0.0
-    times: list[int] = []
-    cap = max_draft if max_draft is not None else 1 << 30
-    while st.n_hist - P < G - 1:
-        room = min(cap, G - 2 - (st.n_hist - P))  # accepted + 1 <= tokens left after `sampled`
-        t0 = time.perf_counter_ns()
-        draft = policy.plan(st, room, 0)
-        times.append(time.perf_counter_ns() - t0)
-        truth = generated[st.n_hist - P + 1:st.n_hist - P + 2 + len(draft)]
-        neq = np.flatnonzero(draft != truth[:len(draft)])
-        n_acc = int(neq[0]) if len(neq) else len(draft)
-        if len(draft):
-            chain.accept(seq_id, n_acc)
-            drafts, drafted, accepted = drafts + 1, drafted + len(draft), accepted + n_acc
-        policy.observe(st, [int(t) for t in truth[:n_acc + 1]], n_acc)
-        if on_step is not None:
-            on_step(st.n_hist, len(draft), n_acc)
-        st.n_hist += n_acc + 1
-        st.sampled = int(generated[st.n_hist - P])
-        if cost is not None:
-            seconds += cost.t(1 + len(draft))
-        steps += 1
-    chain.end(seq_id)
-    policy.end(seq_id)
-    return ReplayResult(name or getattr(policy, "name", "policy"), P, G, steps, drafts, drafted,
-                        accepted, np.asarray(times, dtype=np.int64),
-                        modelled_speedup=(G - 1) * cost.t(1) / seconds if seconds else None)
+    """Replay one recorded stream with `policy` (a DraftPolicy) choosing every step's
+    draft: `replay_batch` with one sequence. With a decode-cost model `cost`,
+    `modelled_speedup` is plain decoding's modelled time over the policy's, so a policy
+    can be judged on a recorded stream without a model and without timing noise.
+    `on_step` gets (history length, drafted, accepted) after every step."""
+    step = None if on_step is None else (lambda i, pos, k, a: on_step(pos, k, a))
+    (res,), speedup = replay_batch(chain, policy, cost, [(prompt, generated)],
+                                   max_draft=max_draft, on_step=step)
+    res.name = name or res.name
+    res.modelled_speedup = speedup
+    return res
 
 
 def replay(chain: DrafterChain, prompt: np.ndarray, generated: np.ndarray, *,
-           name: str = "", max_draft: int | None = None, seq_id: int = 0) -> ReplayResult:
+           name: str = "", max_draft: int | None = None) -> ReplayResult:
     """Replay `generated` (the target's output after `prompt`) through `chain` with
     llama.cpp's fixed policy: the chain's draft, capped at `max_draft`.
 
     The first generated token is what prompt processing sampled; every later one
     is produced by a verify step. A draft never exceeds the tokens left minus one.
     """
-    return replay_policy(chain, FixedPolicy(), None, prompt, generated, seq_id=seq_id,
+    return replay_policy(chain, FixedPolicy(), None, prompt, generated,
                          name=name or ",".join(chain.config.types), max_draft=max_draft)
 
 

@@ -68,14 +68,18 @@ def acceptance_line(accepted: int, generated: int) -> str:
 
 
 def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
-            draft_n: int = 0, draft_n_accepted: int = 0) -> dict:
-    """llama.cpp's `timings` object; draft fields only when something was drafted."""
-    t = {"prompt_n": n_prompt, "prompt_ms": prompt_ms,
-         "prompt_per_token_ms": prompt_ms / max(n_prompt, 1),
-         "prompt_per_second": n_prompt / (prompt_ms / 1e3) if prompt_ms else 0.0,
+            draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0) -> dict:
+    """llama.cpp's `timings` object (server-common.cpp): prompt_n counts the prompt
+    tokens evaluated (cache_n were reused); the generation rate counts the tokens
+    after the first, which the prompt's logits give; draft fields only when
+    something was drafted."""
+    steps = max(n_predicted - 1, 0)
+    t = {"cache_n": cache_n, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
+         "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
+         "prompt_per_second": n_prompt / (prompt_ms / 1e3) if prompt_ms > 0 else 0.0,
          "predicted_n": n_predicted, "predicted_ms": predicted_ms,
-         "predicted_per_token_ms": predicted_ms / max(n_predicted, 1),
-         "predicted_per_second": n_predicted / (predicted_ms / 1e3) if predicted_ms else 0.0}
+         "predicted_per_token_ms": predicted_ms / steps if steps else 0.0,
+         "predicted_per_second": steps / (predicted_ms / 1e3) if predicted_ms > 0 else 0.0}
     if draft_n:
         t["draft_n"] = draft_n
         t["draft_n_accepted"] = draft_n_accepted

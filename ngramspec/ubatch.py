@@ -19,7 +19,8 @@ Invariants (checked by `invariant_violation`, guaranteed by `pads_needed`):
 - U2: no stream holds 64 or more tokens in one ubatch (flash attention's tiled
   path starts at 64 query rows of one stream).
 This module is pure (no llama.cpp): the split is a function of the batch's token
-order, which `Context.decode` builds as each entry's tokens followed by its pads.
+order, which `Context.decode` builds as each entry's tokens followed by its pads,
+entries in ascending seq id.
 """
 from __future__ import annotations
 
@@ -45,56 +46,56 @@ class Ubatch:
         return max(n for _, n in self.take)
 
 
-def _layout(lengths: Sequence[tuple[int, int]]) -> list[int]:
-    """Seq id of every batch token: each entry's tokens in entry order."""
-    return [s for s, n in lengths for _ in range(n)]
+def split_equal(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubatch]:
+    """llama.cpp's split_equal(n_ubatch, sequential=True) for a batch laid out as
+    `Context.decode` lays it out: entries in ascending seq id, each entry's tokens
+    contiguous (llama-batch.cpp; tests/test_ubatch.py checks it against a
+    token-by-token port).
+
+    A ubatch starts at the first entry with tokens left and extends over the
+    following entries while their seq ids are consecutive and they have tokens
+    left; it takes from each as many tokens as the shortest of them has left,
+    at most max(1, n_ubatch // entries) each.
+    """
+    ids = [s for s, _ in lengths]
+    rem = [n for _, n in lengths]
+    out = []
+    while True:
+        first = next((i for i, n in enumerate(rem) if n > 0), None)
+        if first is None:
+            return out
+        run = [first]
+        for j in range(first + 1, len(rem)):
+            if rem[j] <= 0 or ids[j] != ids[run[-1]] + 1 or len(run) > n_ubatch:
+                break
+            run.append(j)
+        take = min(min(rem[j] for j in run), max(1, n_ubatch // len(run)))
+        for j in run:
+            rem[j] -= take
+        out.append(Ubatch(tuple((ids[j], take) for j in run)))
 
 
 def split_simple(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubatch]:
-    """llama.cpp's split_simple: consecutive tokens, n_ubatch at a time."""
-    seqs = _layout(lengths)
-    out = []
-    for i in range(0, len(seqs), n_ubatch):
-        chunk = seqs[i:i + n_ubatch]
-        take: dict[int, int] = {}
-        for s in chunk:
-            take[s] = take.get(s, 0) + 1
-        out.append(Ubatch(tuple(take.items())))
-    return out
-
-
-def split_equal(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubatch]:
-    """llama.cpp's split_equal(n_ubatch, sequential=True) on a batch whose tokens
-    belong to one sequence each (llama-batch.cpp)."""
-    seqs = _layout(lengths)
-    used = [False] * len(seqs)
-    by_seq: dict[int, list[int]] = {}
-    for i, s in enumerate(seqs):
-        by_seq.setdefault(s, []).append(i)
-    cursor = {s: 0 for s in by_seq}
-    out = []
-    while not all(used):
-        cur: list[int] = []
-        for i, s in enumerate(seqs):
-            if used[i] or s in cur or (cur and s != cur[-1] + 1):
-                continue
-            cur.append(s)
-            if len(cur) > n_ubatch:
-                break
-        taken = {s: 0 for s in cur}
-        while all(cursor[s] < len(by_seq[s]) for s in cur):
-            for s in cur:
-                used[by_seq[s][cursor[s]]] = True
-                cursor[s] += 1
-                taken[s] += 1
-            if (taken[cur[0]] + 1) * len(cur) > n_ubatch:
-                break
-        out.append(Ubatch(tuple(taken.items())))
+    """llama.cpp's split_simple: consecutive tokens in batch order, n_ubatch at a time."""
+    out: list[Ubatch] = []
+    cur: list[tuple[int, int]] = []
+    room = n_ubatch
+    for s, n in lengths:
+        while n > 0:
+            k = min(n, room)
+            cur.append((s, k))
+            n, room = n - k, room - k
+            if room == 0:
+                out.append(Ubatch(tuple(cur)))
+                cur, room = [], n_ubatch
+    if cur:
+        out.append(Ubatch(tuple(cur)))
     return out
 
 
 def split(lengths: Sequence[tuple[int, int]], n_ubatch: int, per_seq_streams: bool) -> list[Ubatch]:
-    """The ubatches llama.cpp forms for entries (seq_id, n_tokens) in batch order."""
+    """The ubatches llama.cpp forms for entries (seq_id, n_tokens) in batch order
+    (ascending seq ids when per_seq_streams)."""
     lengths = [(s, n) for s, n in lengths if n > 0]
     return (split_equal if per_seq_streams else split_simple)(lengths, n_ubatch)
 

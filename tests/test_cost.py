@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ngramspec.cost import AcceptanceStats, VerifyCost, best_length
+from ngramspec.cost import AcceptanceStats, DecodeCost, Shape, best_length
 
 
 def stats_with(p_accept: float, n: int = 200) -> AcceptanceStats:
@@ -18,8 +18,8 @@ def stats_with(p_accept: float, n: int = 200) -> AcceptanceStats:
 def test_steep_cost_chooses_short_drafts_flat_cost_long_ones():
     # CPU-like curve (each token adds ~30% of a one-token eval) vs GPU-like (flat)
     s = stats_with(0.8)
-    steep = VerifyCost.linear(0.016, 0.005).table()
-    flat = VerifyCost.linear(0.016, 0.00005).table()
+    steep = DecodeCost.linear(0.016, 0.005).table()
+    flat = DecodeCost.linear(0.016, 0.00005).table()
     k_steep, _ = best_length(s, steep, 64)
     k_flat, _ = best_length(s, flat, 64)
     assert 1 <= k_steep <= 8
@@ -29,13 +29,13 @@ def test_steep_cost_chooses_short_drafts_flat_cost_long_ones():
 def test_no_draft_when_acceptance_is_poor_and_cost_steep():
     # accepted 5% of the time: plain decoding is faster than any draft
     s = stats_with(0.05)
-    k, rate = best_length(s, VerifyCost.linear(0.016, 0.008).table(), 64)
+    k, rate = best_length(s, DecodeCost.linear(0.016, 0.008).table(), 64)
     assert k == 0 and rate == pytest.approx(1 / 0.016)
 
 
 def test_perfect_acceptance_drafts_as_long_as_allowed_when_cost_is_sublinear():
     s = stats_with(1.0)
-    k, _ = best_length(s, VerifyCost.linear(0.016, 0.004).table(), 24)
+    k, _ = best_length(s, DecodeCost.linear(0.016, 0.004).table(), 24)
     assert k == 24
 
 
@@ -44,11 +44,30 @@ def test_expected_tokens_is_monotone_and_starts_at_one():
     assert e[0] == 1.0 and np.all(np.diff(e) > 0)
 
 
-def test_verify_cost_is_made_monotone_and_extrapolates():
-    c = VerifyCost([1, 2, 4, 8], [0.02, 0.019, 0.03, 0.05])
-    assert c.t(2) == pytest.approx(0.02)  # the noisy dip is lifted
-    assert c.t(16) == pytest.approx(0.05 + (0.05 - 0.03) / 4 * 8)
-    assert c.t(3) == pytest.approx(0.025)
+def test_decode_cost_counts_ubatches_padding_and_logits():
+    c = DecodeCost(per_ubatch=0.010, per_token=0.002, per_logit=0.003, per_kv=0.001,
+                   per_seq_streams=True)
+    # one token alone is padded (2 tokens, 1 logit row)
+    assert c.seconds([Shape(0, 1, 1)]) == pytest.approx(0.010 + 2 * 0.002 + 0.003)
+    # four streams with one token each: one ubatch, no padding
+    assert c.seconds([Shape(s, 1, 1) for s in range(4)]) == pytest.approx(0.010 + 4 * 0.005)
+    # [3, 2, 2, 2]: two ubatches, the lone third token padded
+    three = [Shape(0, 3, 3)] + [Shape(s, 2, 2) for s in range(1, 4)]
+    assert c.seconds(three) == pytest.approx(2 * 0.010 + 10 * 0.002 + 9 * 0.003)
+    # context: per token per 1000 cells
+    assert c.seconds([Shape(0, 2, 2, 2000)]) == pytest.approx(0.010 + 2 * 0.005 + 2 * 2 * 0.001)
+    # a single stream is one ubatch whatever the sequences
+    one = DecodeCost(0.010, 0.002, 0.003)
+    assert one.seconds(three) == pytest.approx(0.010 + 9 * 0.005)
+
+
+def test_fit_recovers_the_coefficients():
+    from ngramspec.cost import calibration_shapes
+
+    true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_seq_streams=True)
+    samples = [(sh, true.seconds(sh)) for sh in calibration_shapes(True)]
+    got = DecodeCost.fit(samples, per_seq_streams=True)
+    assert np.allclose(got.coef, true.coef, rtol=1e-6)
 
 
 def test_decay_forgets_old_evidence():
@@ -61,31 +80,38 @@ def test_decay_forgets_old_evidence():
     assert s.p()[0] < 0.3 < 0.8 < high
 
 
+LAYOUT = {"per_seq_streams": False, "n_ubatch": 512, "pad": True}
+
+
 def _fake_measure(per_token_s, calls):
-    def measure(n):
-        calls.append(n)
-        return 0.016 + per_token_s * (n - 1)
+    true = DecodeCost(0.012, 0.001, per_token_s)
+
+    def measure(shapes):
+        calls.append(tuple(shapes))
+        return true.seconds(shapes)
     return measure
 
 
 def test_cached_curve_is_reused_while_a_spot_check_agrees(tmp_path, monkeypatch):
-    from ngramspec.cost import PROBE_SIZES, load_or_calibrate
+    from ngramspec.cost import PROBES, load_or_calibrate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    calls: list[int] = []
-    first = load_or_calibrate("m", _fake_measure(0.006, calls))
+    calls: list = []
+    first = load_or_calibrate("m", _fake_measure(0.006, calls), LAYOUT)
     calls.clear()
-    again = load_or_calibrate("m", _fake_measure(0.006, calls))
-    assert again.seconds == first.seconds
-    assert set(calls) == set(PROBE_SIZES)  # only the probes ran, no full calibration
+    again = load_or_calibrate("m", _fake_measure(0.006, calls), LAYOUT)
+    assert np.allclose(again.coef, first.coef)
+    assert set(calls) == {tuple(p) for p in PROBES}  # only the probes ran, no full calibration
 
 
 def test_cached_curve_from_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
     from ngramspec.cost import load_or_calibrate
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    load_or_calibrate("m", lambda n: 2.5 + 0.1 * n)  # recorded under heavy load: absurd
-    fixed = load_or_calibrate("m", _fake_measure(0.006, []))
-    assert fixed.t(1) == pytest.approx(0.016)
-    # and the corrected curve is what the cache holds now
-    assert load_or_calibrate("m", _fake_measure(0.006, [])).t(1) == pytest.approx(0.016)
+    busy = DecodeCost(2.5, 0.1, 0.1)  # recorded under heavy load: absurd
+    load_or_calibrate("m", lambda shapes: busy.seconds(shapes), LAYOUT)
+    fixed = load_or_calibrate("m", _fake_measure(0.006, []), LAYOUT)
+    want = DecodeCost(0.012, 0.001, 0.006).t(1)
+    assert fixed.t(1) == pytest.approx(want)
+    # and the corrected model is what the cache holds now
+    assert load_or_calibrate("m", _fake_measure(0.006, []), LAYOUT).t(1) == pytest.approx(want)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ngramspec import SPEC_TYPES, NgramModParams, SpecConfig
-from ngramspec.engine import generate
+from ngramspec.generate import generate
 from ngramspec.errors import ConfigError
 from ngramspec.model import ContextOverflow
 from ngramspec.sampling import SamplingParams, json_grammar

@@ -210,8 +210,10 @@ def test_native_stop_word_and_stream(http):
 
 
 def test_native_token_prompt_and_grammar(http):
-    toks = http.post("/completion", json={"prompt": FOX, "n_predict": 0}).json()
+    toks = http.post("/completion", json={"prompt": FOX, "n_predict": 0,
+                                          "cache_prompt": False}).json()
     assert toks["tokens_predicted"] == 0 and toks["timings"]["prompt_n"] > 10
+    assert toks["timings"]["cache_n"] == 0
     r = http.post("/completion", json={"prompt": [2, 818, 3823], "n_predict": 4,
                                        "return_tokens": True})
     assert r.status_code == 200 and len(r.json()["tokens"]) <= 4

@@ -68,7 +68,12 @@ def logit_log(monkeypatch):
 def run_together(engine, prompts):
     """Start every prompt in its own slot, step them together; (tokens, sampler) per slot."""
     states = [engine.start(i, p, GREEDY, N) for i, p in enumerate(prompts)]
-    toks = [list(engine.first_output(st).tokens) for st in states]
+    toks = []
+    for st in states:
+        first = None
+        while first is None:
+            first = engine.prefill(st)
+        toks.append(list(first.tokens))
     while not all(st.done for st in states):
         for i, out in enumerate(engine.step(states)):
             toks[i].extend(out.tokens)

@@ -8,6 +8,44 @@ import pytest
 from ngramspec.ubatch import invariant_violation, pads_needed, split
 
 
+def split_equal_tokenwise(lengths, n_ubatch):
+    """llama-batch.cpp's split_equal(n_ubatch, sequential=true), token by token."""
+    seqs = [s for s, n in lengths for _ in range(n)]
+    used = [False] * len(seqs)
+    by_seq = {}
+    for i, s in enumerate(seqs):
+        by_seq.setdefault(s, []).append(i)
+    cursor = {s: 0 for s in by_seq}
+    out = []
+    while not all(used):
+        cur = []
+        for i, s in enumerate(seqs):
+            if used[i] or s in cur or (cur and s != cur[-1] + 1):
+                continue
+            cur.append(s)
+            if len(cur) > n_ubatch:
+                break
+        taken = {s: 0 for s in cur}
+        while all(cursor[s] < len(by_seq[s]) for s in cur):
+            for s in cur:
+                used[by_seq[s][cursor[s]]] = True
+                cursor[s] += 1
+                taken[s] += 1
+            if (taken[cur[0]] + 1) * len(cur) > n_ubatch:
+                break
+        out.append(taken)
+    return out
+
+
+def test_length_split_equals_the_tokenwise_port():
+    rng = __import__("random").Random(7)
+    for _ in range(500):
+        ids = sorted(rng.sample(range(10), rng.randint(1, 6)))
+        lengths = [(s, rng.choice([1, 2, 3, 5, 8, 63])) for s in ids]
+        n_ubatch = rng.choice([4, 16, 512])
+        assert takes(lengths, n_ubatch=n_ubatch) == split_equal_tokenwise(lengths, n_ubatch)
+
+
 def takes(lengths, streams=True, n_ubatch=512):
     return [dict(ub.take) for ub in split(lengths, n_ubatch, streams)]
 

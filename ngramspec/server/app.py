@@ -31,7 +31,8 @@ from ..sampling import SamplingParams, json_grammar, schema_grammar
 from . import metrics as metrics_mod
 from .chat import message_text, render_chat
 from .errors import APIError, error_body, install_handlers, loading_error, to_api_error
-from .scheduler import Event, Job, Result, Scheduler
+from ..generate import GenerationResponse
+from .scheduler import Event, Job, Scheduler
 from .settings import ServerSettings
 from .types import (ChatCompletionRequest, CompletionRequest, NativeCompletionRequest,
                     SpeculativeParams, _Generation, _OpenAI)
@@ -100,6 +101,7 @@ class Prepared:
     speculative: bool
     spec: SpecConfig | None
     stop: list[str]
+    cache_prompt: bool = True
 
 
 def _clamp(v: int, lo: int, hi: int | None = None) -> int:
@@ -240,7 +242,7 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
                     n_predict=room if want < 0 else min(want, room),
                     truncate_at_length=want < 0 or want > room, speculative=speculative,
-                    spec=spec, stop=req.stop_list())
+                    spec=spec, stop=req.stop_list(), cache_prompt=req.cache_prompt)
 
 
 async def parse_body(request: Request, model: type):
@@ -273,12 +275,29 @@ async def _next_event(job: Job, request: Request) -> Event | None:
             get.cancel()
 
 
+@dataclass
+class HttpJob(Job):
+    """A job whose events land on an asyncio queue of the request's event loop."""
+
+    queue: asyncio.Queue | None = None
+
+
+def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
+    def sink(ev: Event) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+        except RuntimeError:  # the event loop is closed (shutdown)
+            pass
+    return sink
+
+
 async def submit(state: ServerState, request: Request, prep: Prepared) -> tuple[Job, Event] | None:
     """Queue the job and wait for its first event (raises the prompt's error, if any)."""
-    job = Job(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
-              speculative=prep.speculative, spec=prep.spec, stop=prep.stop,
-              loop=asyncio.get_running_loop(), queue=asyncio.Queue(),
-              truncate_at_length=prep.truncate_at_length)
+    queue: asyncio.Queue = asyncio.Queue()
+    job = HttpJob(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
+                  speculative=prep.speculative, spec=prep.spec, stop=prep.stop,
+                  sink=_sink(asyncio.get_running_loop(), queue), queue=queue,
+                  truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt)
     state.scheduler.submit(job)
     try:
         ev = await _next_event(job, request)
@@ -340,21 +359,17 @@ async def events(state: ServerState, job: Job, first: Event) -> AsyncIterator[Ev
         state.scheduler.cancel(job)
 
 
-def spec_headers(speculative: bool, result: Result | None = None) -> dict[str, str]:
+def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:
     h = {SPEC_HEADER: "enabled" if speculative else "disabled"}
     if result is not None:
         h["X-Ngramspec-Acceptance-Rate"] = f"{result.acceptance_rate:.4f}"
-        h["X-Ngramspec-Effective-Speedup"] = f"{result.effective_speedup:.3f}"
+        h["X-Ngramspec-Effective-Speedup"] = f"{result.tokens_per_step:.3f}"
     return h
 
 
-def usage(result: Result) -> dict:
-    return {"prompt_tokens": result.n_prompt, "completion_tokens": result.n_generated,
-            "total_tokens": result.n_prompt + result.n_generated}
-
-
-def oai_finish(ev: Event) -> str | None:
-    return ev.finish_reason
+def usage(result: GenerationResponse) -> dict:
+    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generation_tokens,
+            "total_tokens": result.prompt_tokens + result.generation_tokens}
 
 
 # ---------------------------------------------------------------------------- the app
@@ -507,15 +522,15 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         spec = job.spec or settings.spec
 
         def final_json(content: str, toks: list[int], ev: Event, stream: bool) -> dict:
-            r = ev.result
+            r = ev.response
             return {"index": 0, "content": content, "tokens": toks if (body.return_tokens or stream) else [],
                     "id_slot": r.slot_id, "stop": True, "model": state.model_id,
-                    "tokens_predicted": r.n_generated, "tokens_evaluated": r.n_prompt,
+                    "tokens_predicted": r.generation_tokens, "tokens_evaluated": r.prompt_tokens,
                     "generation_settings": params_json(prep.sampling, prep.n_predict, prep.stop,
                                                        spec, job.speculative, stream),
                     "prompt": prep.prompt_text, "has_new_line": "\n" in content,
-                    "truncated": r.truncated, "stop_type": ev.stop_type,
-                    "stopping_word": ev.stopping_word, "tokens_cached": 0,
+                    "truncated": r.truncated, "stop_type": r.stop_type,
+                    "stopping_word": r.stopping_word, "tokens_cached": r.cache_n,
                     "timings": r.timings()}
 
         if not body.stream:
@@ -524,7 +539,7 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                 return Response(status_code=499)
             content, toks, ev = got
             return JSONResponse(final_json(content, toks, ev, False),
-                                headers=spec_headers(job.speculative, ev.result))
+                                headers=spec_headers(job.speculative, ev.response))
 
         async def gen():
             n = 0
@@ -565,13 +580,13 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
             if got is None:
                 return Response(status_code=499)
             content, _toks, ev = got
-            r = ev.result
+            r = ev.response
             if chat:
                 choice = {"index": 0, "message": {"role": "assistant", "content": content},
-                          "logprobs": None, "finish_reason": ev.finish_reason}
+                          "logprobs": None, "finish_reason": r.finish_reason}
             else:
                 choice = {"index": 0, "text": echo + content, "logprobs": None,
-                          "finish_reason": ev.finish_reason}
+                          "finish_reason": r.finish_reason}
             out = {**base, "object": "chat.completion" if chat else "text_completion",
                    "choices": [choice], "usage": usage(r), "timings": r.timings()}
             return JSONResponse(out, headers=spec_headers(job.speculative, r))
@@ -604,12 +619,12 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                 if ev.final:
                     if ev.text:
                         yield sse(chunk(ev.text, None))
-                    last = chunk(None if chat else "", ev.finish_reason)
-                    last["timings"] = ev.result.timings()
+                    last = chunk(None if chat else "", ev.response.finish_reason)
+                    last["timings"] = ev.response.timings()
                     yield sse(last)
                     if include_usage:
                         yield sse({**base, "object": obj, "choices": [],
-                                   "usage": usage(ev.result), "timings": ev.result.timings()})
+                                   "usage": usage(ev.response), "timings": ev.response.timings()})
                     yield "data: [DONE]\n\n"
                 elif ev.text:
                     yield sse(chunk(ev.text, None))

@@ -3,86 +3,66 @@
 Invariants:
 - Slot i is llama.cpp sequence i of the one context. A slot holds at most one
   job; `engine.finish` is called exactly once for every started job (done,
-  stopped by a stop string, cancelled or failed), so the slot's KV entries,
-  per-sequence drafter state and sampler never outlive the request.
-- Each loop turn: admit waiting jobs into free slots (prompt + first token),
-  release cancelled ones, then ONE `engine.step` for every active slot (one
-  llama_decode: every slot's last token + draft), and deliver each slot's
-  tokens to its request's asyncio.Queue with `call_soon_threadsafe`.
+  stopped by a stop string, cancelled or failed), so per-sequence drafter state
+  and the sampler never outlive the request. The slot's KV stays behind as its
+  prompt cache; a job goes to the free slot whose cache covers the longest
+  prefix of its prompt (least recently used on a tie).
+- Each loop turn: admit waiting jobs into free slots (no decode), release
+  cancelled ones, evaluate ONE prompt chunk of the oldest slot still in prefill
+  (its own llama_decode: a long prompt never stalls the running slots for more
+  than a chunk), then ONE `engine.step` for every generating slot (one
+  llama_decode: every slot's last token + draft, lengths planned together), and
+  deliver each slot's output through its `Generation` to the job's sink.
 - Jobs beyond the free slots wait in FIFO order (`requests_deferred`); only a
   full queue refuses a request (503). Idle, the thread sleeps on a condition.
 - An exception never kills the thread: a failing start fails that request, a
-  failing step fails the requests in that step; the slots are released.
+  failing decode fails the requests in it; the slots are released.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import itertools
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from ..config import SpecConfig
-from ..engine import Engine, SeqState, StepOutput, TextStream
+from ..engine import Engine, SeqState, StepOutput
+from ..generate import Generation, GenerationResponse
 from ..sampling import SamplingParams
-from ..stats import timings
 from .errors import APIError
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
-
-
-@dataclass
-class Result:
-    """Final statistics of one request (llama.cpp's `timings` and our headers)."""
-
-    slot_id: int
-    n_prompt: int
-    n_generated: int
-    prompt_ms: float
-    predicted_ms: float
-    draft_n: int
-    draft_n_accepted: int
-    steps: int
-    speculative: bool
-    truncated: bool
-
-    def timings(self) -> dict:
-        return timings(self.n_prompt, self.prompt_ms, self.n_generated, self.predicted_ms,
-                       self.draft_n, self.draft_n_accepted)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.draft_n_accepted / self.draft_n if self.draft_n else 0.0
-
-    @property
-    def effective_speedup(self) -> float:
-        """Tokens per target decode: (tokens after the first) / verify steps."""
-        return (self.n_generated - 1) / self.steps if self.steps else 1.0
+#: prompt tokens per prefill decode while other slots are generating (else n_ubatch)
+PREFILL_CHUNK_BUSY = 256
 
 
 @dataclass
 class Event:
-    """What the scheduler tells a request: a text delta, the end, or an error."""
+    """What the scheduler tells a job: the start, a response (text delta; final with totals), or an error."""
 
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop" | "length"
-    stop_type: str = "none"  # llama.cpp: none | eos | limit | word
-    stopping_word: str = ""
-    result: Result | None = None  # on the final event
+    response: GenerationResponse | None = None
     error: BaseException | None = None
-    started: bool = False  # the first event: the prompt is evaluated
+    started: bool = False  # the first event: the job has a slot
     speculative: bool = False
     slot_id: int = -1
 
     @property
     def final(self) -> bool:
-        return self.result is not None or self.error is not None
+        return self.error is not None or (self.response is not None and self.response.final)
+
+    @property
+    def text(self) -> str:
+        return self.response.text if self.response is not None else ""
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.response.tokens if self.response is not None else []
 
 
 @dataclass
@@ -93,9 +73,9 @@ class Job:
     speculative: bool
     spec: SpecConfig | None
     stop: list[str]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue
+    sink: Callable[[Event], None]  # called from the scheduler thread; must not block
     truncate_at_length: bool = False  # n_predict was clamped: "length" means the slot is full
+    cache_prompt: bool = True
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     finished: bool = False
@@ -107,10 +87,13 @@ class Slot:
     id: int
     job: Job | None = None
     st: SeqState | None = None
-    text: TextStream | None = None
-    raw: bytearray = field(default_factory=bytearray)
-    has_new_line: bool = False
+    gen: Generation | None = None
     n_tasks: int = 0
+    last_used: float = 0.0
+
+    @property
+    def has_new_line(self) -> bool:
+        return self.gen is not None and "\n" in self.gen.stream.text
 
 
 @dataclass
@@ -135,6 +118,17 @@ class Counters:
     num_accepted_tokens: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
 
+    def count_step(self, out: StepOutput) -> None:
+        if not out.drafted:
+            return
+        self.num_drafts += 1
+        self.num_draft_tokens += out.drafted
+        self.num_accepted_tokens += out.accepted
+        if len(self.accepted_per_pos) < out.drafted:
+            self.accepted_per_pos.extend([0] * (out.drafted - len(self.accepted_per_pos)))
+        for i in range(out.accepted):
+            self.accepted_per_pos[i] += 1
+
 
 class Scheduler:
     def __init__(self, engine: Engine, n_slots: int, queue_size: int, n_ctx_slot: int):
@@ -146,7 +140,7 @@ class Scheduler:
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="ngramspec-scheduler", daemon=True)
 
-    # ------------------------------------------------------------ called from the event loop
+    # ------------------------------------------------------------ called from other threads
     def start(self) -> None:
         self._thread.start()
 
@@ -206,11 +200,7 @@ class Scheduler:
                     self.cv.wait()
                 if self._stop:
                     break
-                admitted = []
-                for s in self.slots:
-                    if s.job is None and self.pending:
-                        s.job = self.pending.popleft()
-                        admitted.append(s)
+                admitted = self._assign()
             try:
                 self._turn(admitted)
             except Exception as e:  # a bug: fail what is running, keep serving
@@ -222,6 +212,20 @@ class Scheduler:
             if s.job is not None:
                 self._fail(s, APIError("the server is shutting down", "unavailable_error"))
 
+    def _assign(self) -> list[Slot]:
+        """Pending jobs -> free slots, each to the slot caching most of its prompt."""
+        admitted = []
+        while self.pending:
+            free = [s for s in self.slots if s.job is None]
+            if not free:
+                break
+            job = self.pending.popleft()
+            s = max(free, key=lambda s: (self.engine.reusable_prefix(s.id, job.prompt)
+                                         if job.cache_prompt else 0, -s.last_used))
+            s.job = job
+            admitted.append(s)
+        return admitted
+
     def _turn(self, admitted: list[Slot]) -> None:
         for s in admitted:
             self._start(s)
@@ -229,20 +233,42 @@ class Scheduler:
             if s.job is not None and s.job.cancelled:
                 self.counters.requests_cancelled += 1
                 self._release(s)
-        active = [s for s in self.slots if s.st is not None and not s.st.done]
-        if not active:
-            return
+        generating = [s for s in self.slots if s.st is not None and not s.st.done
+                      and not s.st.prefilling]
+        filling = [s for s in self.slots if s.st is not None and s.st.prefilling]
+        if filling:
+            s = min(filling, key=lambda s: s.job.t_queued)
+            chunk = PREFILL_CHUNK_BUSY if generating else self.engine.ctx.n_ubatch
+            self._guard([s], lambda: self._prefill(s, chunk))
+        if generating:
+            self._guard(generating, lambda: self._step(generating))
+
+    def _guard(self, slots: list[Slot], work: Callable[[], None]) -> None:
         try:
-            outs = self.engine.step([s.st for s in active])
+            work()
         except Exception as e:
-            log.exception("llama_decode step failed")
-            for s in active:
-                self._fail(s, e)
+            log.exception("llama_decode failed")
+            for s in slots:
+                if s.job is not None:
+                    self._fail(s, e)
+
+    def _prefill(self, s: Slot, chunk: int) -> None:
+        st = s.st
+        out = self.engine.prefill(st, chunk)
+        if out is None:
             return
         c = self.counters
+        c.prompt_tokens += st.n_prompt - st.n_cached
+        c.prompt_seconds += st.t_prompt_done - st.t_start
+        self._deliver(s, out)
+
+    def _step(self, slots: list[Slot]) -> None:
+        outs = self.engine.step([s.st for s in slots])
+        c = self.counters
         c.n_decode += 1
-        c.n_busy_slots += len(active)
-        for s, out in zip(active, outs):
+        c.n_busy_slots += len(slots)
+        for s, out in zip(slots, outs):
+            c.count_step(out)
             self._deliver(s, out)
 
     def _start(self, s: Slot) -> None:
@@ -254,69 +280,33 @@ class Scheduler:
         s.n_tasks += 1
         try:
             st = self.engine.start(s.id, job.prompt, job.sampling, job.n_predict,
-                                   job.speculative, job.spec)
+                                   job.speculative, job.spec, cache_prompt=job.cache_prompt)
         except Exception as e:
             self._fail(s, e)
             return
-        s.st, s.text, s.raw, s.has_new_line = st, TextStream(self.engine.model, job.stop), bytearray(), False
-        c = self.counters
-        c.prompt_tokens += st.n_prompt
-        c.prompt_seconds += st.t_prompt_done - st.t_start
-        self._post(job, Event(started=True, speculative=st.speculative, slot_id=s.id))
-        self._deliver(s, self.engine.first_output(st))
+        s.st = st
+        s.gen = Generation(self.engine.model, st, job.stop, job.truncate_at_length)
+        job.sink(Event(started=True, speculative=st.speculative, slot_id=s.id))
 
     def _deliver(self, s: Slot, out: StepOutput) -> None:
-        job, st, c = s.job, s.st, self.counters
-        if out.drafted:
-            c.num_drafts += 1
-            c.num_draft_tokens += out.drafted
-            c.num_accepted_tokens += out.accepted
-            if len(c.accepted_per_pos) < out.drafted:
-                c.accepted_per_pos.extend([0] * (out.drafted - len(c.accepted_per_pos)))
-            for i in range(out.accepted):
-                c.accepted_per_pos[i] += 1
-        finish = out.finish_reason
-        for t in out.tokens:
-            s.raw += self.engine.model.piece(t)
-        delta = s.text.push(out.tokens, final=finish is not None)
-        if "\n" in delta:
-            s.has_new_line = True
-        stop_type, word = "none", ""
-        if s.text.stopped:
-            finish = st.finish_reason = "stop"
-            stop_type, word = "word", self._stop_word(s)
-        elif finish == "stop":
-            stop_type = "eos"
-        elif finish == "length":
-            stop_type = "limit"
-        if finish is None:
-            self._post(job, Event(delta, list(out.tokens)))
-            return
-        c.n_tokens_max = max(c.n_tokens_max, st.n_prompt + st.n_generated)
-        result = Result(slot_id=s.id, n_prompt=st.n_prompt, n_generated=st.n_generated,
-                        prompt_ms=(st.t_prompt_done - st.t_start) * 1e3,
-                        predicted_ms=(st.t_last - st.t_prompt_done) * 1e3,
-                        draft_n=st.draft_n, draft_n_accepted=st.draft_n_accepted, steps=st.steps,
-                        speculative=st.speculative,
-                        truncated=finish == "length" and job.truncate_at_length)
-        c.predicted_tokens += st.n_generated
-        c.predicted_seconds += st.t_last - st.t_prompt_done
-        c.requests_finished += 1
-        self._post(job, Event(delta, list(out.tokens), finish, stop_type, word, result))
-        self._release(s)
-
-    def _stop_word(self, s: Slot) -> str:
-        raw = bytes(s.raw).decode("utf-8", errors="replace")
-        at = len(s.text.text)
-        for w in s.job.stop:
-            if w and raw.startswith(w, at):
-                return w
-        return next((w for w in s.job.stop if w and w in raw), "")
+        r = s.gen.push(out)
+        s.job.sink(Event(r, slot_id=s.id))
+        if r.final:
+            st, c = s.st, self.counters
+            c.n_tokens_max = max(c.n_tokens_max, st.n_prompt + st.n_generated)
+            c.predicted_tokens += st.n_generated
+            c.predicted_seconds += max(st.t_last - st.t_prompt_done, 0.0)
+            c.requests_finished += 1
+            self._release(s)
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
         self.counters.requests_failed += 1
         if s.job is not None:
-            self._post(s.job, Event(error=exc))
+            s.job.sink(Event(error=exc, slot_id=s.id))
+        if s.st is not None:  # whatever its KV holds now is not a usable cache
+            self.engine.finish(s.st)
+            s.st = None
+        self.engine.forget(s.id)
         self._release(s)
 
     def _release(self, s: Slot) -> None:
@@ -325,17 +315,9 @@ class Scheduler:
                 self.engine.finish(s.st)
             except Exception:  # pragma: no cover - never leave the slot taken
                 log.exception("engine.finish failed")
-                self.engine.ctx.clear(s.id)
-        elif s.job is not None:
-            self.engine.ctx.clear(s.id)  # a start that failed half-way
+                self.engine.forget(s.id)
         with self.cv:
             if s.job is not None:
                 s.job.finished = True
-            s.job, s.st, s.text = None, None, None
-
-    @staticmethod
-    def _post(job: Job, ev: Event) -> None:
-        try:
-            job.loop.call_soon_threadsafe(job.queue.put_nowait, ev)
-        except RuntimeError:  # the event loop is closed (shutdown)
-            pass
+            s.job, s.st, s.gen = None, None, None
+            s.last_used = time.perf_counter()

@@ -36,6 +36,7 @@ class _Generation(BaseModel):
     grammar: StrictStr | None = None
     json_schema: dict[str, Any] | None = None
     speculative: SpeculativeParams | None = None
+    cache_prompt: StrictBool = True  # reuse the slot's cached prompt prefix (llama-server)
 
     @model_validator(mode="before")
     @classmethod

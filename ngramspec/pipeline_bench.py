@@ -1,0 +1,157 @@
+"""`ngramspec bench --parallel N`: documents through a server with N slots and N
+concurrent clients, ngramspec side by side with the C++ llama-server.
+
+Each configuration starts its server on a free loopback port, sends every document
+to `/completion` (greedy, `n_predict`, no prompt cache) from N client threads, and
+measures wall-clock time from the first request to the last response, so prompt
+processing is included. Aggregate tok/s = generated tokens / wall seconds; prompt
+tok/s = prompt tokens / summed prompt_ms of the responses, divided by N (the
+slots' prompt time overlaps nothing but itself only with one slot).
+
+Servers run one at a time: two llama.cpp processes on the same cores slow each
+other down 10-50x.
+"""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from .corpus import Document, documents, interleave
+from .errors import ConfigError
+
+
+@dataclass
+class RunResult:
+    """One configuration's run over every document."""
+
+    server: str  # "ngramspec" | "llama-server"
+    mode: str  # spec type, "off", "auto", ...
+    slots: int
+    wall_s: float
+    outputs: dict[str, list[int]] = field(default_factory=dict)  # doc id -> tokens
+    texts: dict[str, str] = field(default_factory=dict)
+    generated: int = 0
+    prompt_tokens: int = 0
+    prompt_ms: float = 0.0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.generated / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def prompt_tok_per_s(self) -> float:
+        return self.prompt_tokens / (self.prompt_ms / 1e3) if self.prompt_ms else 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Mean tokens per verify step of one request (accepted drafts + 1)."""
+        return (self.steps + self.accepted) / self.steps if self.steps else 1.0
+
+
+def load_documents(source: str | None, n: int | None = None) -> list[Document]:
+    """Documents from a JSONL file ({"id", "prompt"} per line), a directory (each
+    file is one prompt), or None: the held-out standard-library corpus."""
+    if source is None:
+        docs = interleave(documents(6, 4, 2))
+    else:
+        p = Path(source)
+        if p.is_dir():
+            docs = [Document(f.name, "file", f.read_text(encoding="utf-8", errors="replace"))
+                    for f in sorted(p.iterdir()) if f.is_file()]
+        elif p.is_file():
+            docs = []
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                    docs.append(Document(str(rec.get("id", i)), "jsonl", str(rec["prompt"])))
+                except (ValueError, KeyError, TypeError):
+                    raise ConfigError(f"{p}:{i + 1}: expected a JSON object with a 'prompt'") from None
+        else:
+            raise ConfigError(f"documents not found: {source}")
+    docs = docs[:n] if n else docs
+    if not docs:
+        raise ConfigError("no documents to run")
+    return docs
+
+
+def send_all(url: str, docs: Sequence[Document], clients: int, n_predict: int,
+             headers: dict | None = None, body: dict | None = None) -> tuple[float, list[dict]]:
+    """POST every document to url/completion from `clients` threads; (wall s, responses)."""
+    import httpx
+
+    def one(client: httpx.Client, doc: Document) -> dict:
+        r = client.post("/completion", json={
+            "prompt": doc.prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
+            "cache_prompt": False, "return_tokens": True, "seed": 0, **(body or {})},
+            headers=headers or {})
+        r.raise_for_status()
+        return r.json()
+
+    with httpx.Client(base_url=url, timeout=1800) as client:
+        one(client, Document("warm-up", "open", "Hello"))
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as ex:
+            outs = list(ex.map(lambda d: one(client, d), docs))
+        return time.perf_counter() - t0, outs
+
+
+def collect(server: str, mode: str, slots: int, docs: Sequence[Document], wall: float,
+            outs: list[dict]) -> RunResult:
+    r = RunResult(server, mode, slots, wall)
+    for d, o in zip(docs, outs):
+        t = o.get("timings", {})
+        r.outputs[d.id] = list(o.get("tokens") or [])
+        r.texts[d.id] = o.get("content", "")
+        r.generated += int(t.get("predicted_n", 0))
+        r.prompt_tokens += int(t.get("prompt_n", 0))
+        r.prompt_ms += float(t.get("prompt_ms", 0.0))
+        r.drafted += int(t.get("draft_n", 0))
+        r.accepted += int(t.get("draft_n_accepted", 0))
+        # every verify step emits its accepted draft tokens + 1; the first token is the prompt's
+        r.steps += max(int(t.get("predicted_n", 1)) - 1 - int(t.get("draft_n_accepted", 0)), 0)
+    return r
+
+
+def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
+                  threads: int, slot_ctx: int, model: str | None,
+                  progress: Callable[[str], None] = lambda s: None) -> list[RunResult]:
+    """One `ngramspec serve -np slots` process; each mode is a per-request setting."""
+    from .server.launch import start_server
+
+    args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0"]
+    if model:
+        args += ["-m", model]
+    sp = start_server(args, timeout=600)
+    try:
+        results = []
+        for mode in modes:
+            progress(f"ngramspec -np {slots}: {mode}")
+            body = {} if mode == "auto" else (
+                {"speculative": {"type": "none"}} if mode == "off" else {"speculative": {"type": mode}})
+            wall, outs = send_all(sp.url, docs, slots, n_predict, body=body)
+            results.append(collect("ngramspec", mode, slots, docs, wall, outs))
+        return results
+    finally:
+        sp.stop()
+
+
+def run_llama_server(binary: str, model_path: str, docs: Sequence[Document], slots: int,
+                     spec_type: str, n_predict: int, threads: int, slot_ctx: int,
+                     extra: Sequence[str] = ()) -> RunResult:
+    from .peer import LlamaServerPeer
+
+    peer = LlamaServerPeer(binary, model_path, spec_type, n_ctx=slot_ctx * slots, threads=threads,
+                           extra=list(extra), n_parallel=slots)
+    with peer:
+        wall, outs = send_all(peer.url, docs, slots, n_predict)
+    return collect("llama-server", "off" if spec_type == "none" else spec_type, slots, docs,
+                   wall, outs)

@@ -1,0 +1,87 @@
+"""The batch planner: every sequence's draft length for one decode, chosen together.
+
+Objective (cost-aware policies): the tokens all sequences are expected to emit,
+divided by the modelled time of the whole decode,
+
+    sum_i E_i[tokens | K_i] / t(decode with 1 + K_i tokens for sequence i)
+
+where t comes from `DecodeCost` and so counts llama.cpp's ubatch split, the
+batch-invariant padding and every logit row. Drafts are worth it when they raise
+the batch's tokens per second, not one sequence's: a draft that makes llama.cpp
+split the decode into another ubatch pays for that ubatch.
+
+Search: coordinate ascent from "no drafts". Each sequence in turn tries the
+lengths of a geometric grid, its longest draft and the other sequences' current
+lengths (equal lengths share ubatches), keeping any change that raises the
+objective, until a round changes nothing. With one sequence every length is tried,
+which is exactly `cost.best_length` (llama.cpp's single-slot case with cost).
+
+Invariants: K_i <= the sequence's options and its per-sequence row limit; the
+total stays within `total_max`; the fixed policy takes each draft whole, in order,
+while the budget lasts (llama.cpp's behaviour).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from .cost import DecodeCost, Shape
+from .speculation import DraftOptions
+
+GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
+MAX_ROUNDS = 4
+
+
+def plan(options: Sequence[DraftOptions], base: Sequence[Shape], cost: DecodeCost | None,
+         per_seq_max: int, total_max: int) -> list[int]:
+    """Draft length per sequence. `base[i]` is sequence i's entry without a draft
+    (its sampled token: 1 token, 1 logit row, its stream's cells)."""
+    caps = [max(0, min(o.k_max, per_seq_max - s.n_tokens)) for o, s in zip(options, base)]
+    budget = total_max - sum(s.n_tokens for s in base)
+    if cost is None or all(o.fixed for o in options):
+        ks = []
+        for cap in caps:
+            k = max(0, min(cap, budget))
+            budget -= k
+            ks.append(k)
+        return ks
+    return _ascend(options, base, cost, caps, budget)
+
+
+def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int) -> list[int]:
+    ks = [0] * len(options)
+    active = [i for i, c in enumerate(caps) if c > 0]
+    if not active:
+        return ks
+    gain = [float(o.expected[0]) if o.expected is not None else 1.0 for o in options]
+    total = sum(gain)
+
+    def seconds(k: list[int]) -> float:
+        return cost.seconds([Shape(s.seq_id, s.n_tokens + kk, s.n_logits + kk, s.n_kv)
+                             for s, kk in zip(base, k)])
+
+    best = total / seconds(ks)
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        for i in active:
+            e = options[i].expected
+            room = budget - (sum(ks) - ks[i])
+            if len(active) == 1:
+                cands = range(min(caps[i], room) + 1)
+            else:
+                cands = {0, caps[i], *GRID, *(ks[j] for j in active)}
+            pick = ks[i]
+            for k in cands:
+                if k == ks[i] or k > caps[i] or k > room or k < 0:
+                    continue
+                trial = ks.copy()
+                trial[i] = k
+                r = (total - gain[i] + e[k]) / seconds(trial)
+                if r > best * (1 + 1e-9):
+                    best, pick = r, k
+            if pick != ks[i]:
+                total += e[pick] - gain[i]
+                gain[i], ks[i] = float(e[pick]), pick
+                changed = True
+        if not changed:
+            break
+    return ks

@@ -1,0 +1,98 @@
+"""One sequence's speculation: its drafter chain and its policy state.
+
+Engine, scheduler, replay and the llama-cpp-python adapter drive drafting only
+through this object:
+
+    sp = Speculation(seq_id, chain, policy)
+    sp.begin(prompt)                         once, before the first plan
+    opts = sp.plan(history, sampled, room)   what could be verified this step
+    draft = sp.commit(k)                     the k tokens chosen (planner.py)
+    sp.settle(emitted, n_accepted)           after the verify step
+    sp.end()                                 when the sequence finishes or is cancelled
+
+Invariants: `plan` and `commit` alternate with `settle` (one verify step each);
+only a committed draft is reported to the chain as verified (`accept`), and
+every proposal of the step is scored against the emitted tokens by the policy.
+`history` excludes `sampled`, as in the Drafter protocol.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cost import AcceptanceStats
+from .drafters import EMPTY, DrafterChain
+
+
+@dataclass
+class DraftOptions:
+    """What one sequence can verify this step.
+
+    proposals: (drafter, draft) pairs the chain produced (each draft capped at `room`).
+    expected:  E[tokens emitted | K] for K = 0..len(expected)-1, best drafter per K;
+               None for the fixed policy (verify the first proposal whole).
+    pick:      index into proposals of the drafter used at each K (pick[0] = -1).
+    """
+
+    proposals: list[tuple[object, np.ndarray]] = field(default_factory=list)
+    expected: np.ndarray | None = None
+    pick: np.ndarray | None = None
+
+    @property
+    def k_max(self) -> int:
+        if self.expected is not None:
+            return len(self.expected) - 1
+        return len(self.proposals[0][1]) if self.proposals else 0
+
+    @property
+    def fixed(self) -> bool:
+        return self.expected is None
+
+
+NO_OPTIONS = DraftOptions()
+
+
+class Speculation:
+    """Drafting for one sequence (one request, one server slot)."""
+
+    def __init__(self, seq_id: int, chain: DrafterChain, policy):
+        self.seq_id, self.chain, self.policy = seq_id, chain, policy
+        self.stats: dict[str, AcceptanceStats] = {}  # this sequence's acceptance, per drafter
+        self.options = NO_OPTIONS
+        self.committed: tuple[str, int] | None = None  # (drafter name, length) verified this step
+        self.draft_n = 0
+        self.draft_n_accepted = 0
+
+    def begin(self, prompt: np.ndarray) -> None:
+        self.chain.begin(self.seq_id, prompt)
+
+    def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
+        """Proposals for this step and their expected tokens (nothing committed yet)."""
+        self.committed = None
+        self.options = self.policy.options(self, history, sampled, room) if room > 0 else NO_OPTIONS
+        return self.options
+
+    def commit(self, k: int) -> np.ndarray:
+        """Choose the draft of length k (0: none) from this step's options."""
+        opts = self.options
+        if k <= 0 or not opts.proposals:
+            return EMPTY
+        idx = 0 if opts.fixed else int(opts.pick[k])
+        drafter, draft = opts.proposals[idx]
+        draft = self.chain.commit(self.seq_id, drafter, draft[:k])
+        self.committed = (drafter.name, len(draft))
+        return draft
+
+    def settle(self, emitted: list[int], n_accepted: int) -> None:
+        """After the verify step: `emitted` = the accepted draft tokens + the target's token."""
+        if self.committed is not None:
+            self.chain.accept(self.seq_id, n_accepted)
+            self.draft_n += self.committed[1]
+            self.draft_n_accepted += n_accepted
+        self.policy.observe(self, emitted, n_accepted)
+        self.options, self.committed = NO_OPTIONS, None
+
+    def end(self) -> None:
+        self.chain.end(self.seq_id)
+        self.options, self.committed = NO_OPTIONS, None
