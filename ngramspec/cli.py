@@ -314,14 +314,29 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
 @click.option("--no-batch-invariance", "fast", is_flag=True,
               help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
                    "Also set GGML_CPU_TILED_MM=1 in the environment for the tiled matmul")
+@click.option("--parallel", default=None,
+              help="pipeline mode: comma list of slot counts (e.g. 1,4,8); documents go through "
+                   "`ngramspec serve -np N` with N concurrent clients (and --llama-server's)")
+@click.option("--docs", default=None,
+              help="pipeline mode: a JSONL file of {id, prompt} or a directory of prompt files "
+                   "(default: held-out documents from Python's standard library)")
+@click.option("--n-docs", type=int, default=None, help="pipeline mode: use the first N documents")
+@click.option("--peer-types", default="ngram-mod,ngram-map-k4v,ngram-simple,ngram-map-k",
+              show_default=True, help="pipeline mode: llama-server spec types to run")
 @click.pass_context
 def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
-          reps, workloads, no_oracle, json_out, plot_path, llama_server, fast, **kw) -> None:
+          reps, workloads, no_oracle, json_out, plot_path, llama_server, fast, parallel, docs,
+          n_docs, peer_types, **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
     tok/s of `reps` interleaved runs and the speedup over `off` from this run.
+    With --parallel, documents run through servers instead (`pipeline_bench.py`).
     """
+    if parallel is not None:
+        _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
+                        llama_server, peer_types, json_out)
+        return
     from rich.progress import Progress
 
     from . import bench as B
@@ -386,6 +401,74 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     if plot_path:
         B.plot(all_results, plot_path)
         err_console.print(f"chart written to {plot_path}")
+
+
+def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model, llama_server,
+                    peer_types, json_out) -> None:
+    from dataclasses import asdict
+
+    from . import pipeline_bench as PB
+    from .runtime import default_threads
+
+    try:
+        counts = [int(x) for x in parallel.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"--parallel takes slot counts like 1,4,8, got {parallel!r}") from None
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"--parallel takes slot counts >= 1, got {parallel!r}")
+    documents = PB.load_documents(docs, n_docs)
+    types = [t.strip() for t in peer_types.split(",") if t.strip()]
+    with err_console.status("pipeline benchmark ...") as status:
+        rep = PB.run(documents, counts, n_predict, threads or default_threads(), ctx_size, model,
+                     llama_server, types, progress=lambda s: status.update(s))
+    _print_pipeline(rep, counts, len(documents), n_predict)
+    if json_out:
+        Path(json_out).write_text(json.dumps({"runs": [asdict(r) for r in rep.runs],
+                                              "checks": rep.checks}, indent=1))
+
+
+def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
+    t = Table(title=f"pipeline: {n_docs} documents, {n_predict} tokens each, greedy; aggregate "
+                    "tok/s = generated tokens / wall time (prompt processing included)")
+    for col in ("slots", "server", "mode", "agg tok/s", "wall s", "tokens/step", "drafted",
+                "accepted", "identical to off", "vs llama-server best", "vs llama-server off"):
+        t.add_column(col, justify="left" if col in ("server", "mode") else "right")
+    for n in counts:
+        best, peer_off = rep.best_peer(n), rep.get("llama-server", "off", n)
+        for r in [x for x in rep.runs if x.slots == n]:
+            off = rep.get(r.server, "off", n)
+            same = f"{rep.identical(r, off)}/{len(r.outputs)}" if r.server == "ngramspec" else "-"
+            t.add_row(str(n), r.server, r.mode, f"{r.tok_per_s:.1f}", f"{r.wall_s:.1f}",
+                      f"{r.tokens_per_step:.2f}", str(r.drafted), str(r.accepted), same,
+                      f"{r.tok_per_s / best.tok_per_s:.2f}x" if best else "-",
+                      f"{r.tok_per_s / peer_off.tok_per_s:.2f}x" if peer_off else "-")
+    out_console.print(t)
+    one = rep.get("ngramspec", "auto", 1)
+    for n in counts:
+        auto, off = rep.get("ngramspec", "auto", n), rep.get("ngramspec", "off", n)
+        line = f"{n} slot(s): default {auto.tok_per_s / off.tok_per_s:.2f}x its spec-off"
+        if one and n > 1:
+            line += f", {auto.tok_per_s / one.tok_per_s:.2f}x its 1-slot aggregate"
+            base = rep.get("ngramspec", "off", 1)
+            line += f"; spec-off outputs identical to 1 slot: {rep.identical(off, base)}/{len(off.outputs)}"
+        oracle = rep.get("ngramspec", "oracle", n)
+        if oracle:
+            line += f", {auto.tok_per_s / oracle.tok_per_s:.0%} of the oracle's tok/s"
+        best = rep.best_peer(n)
+        if best:
+            line += f"; vs llama-server's best ({best.mode}) {auto.tok_per_s / best.tok_per_s:.2f}x"
+        out_console.print(line)
+    ours, peer = rep.checks.get("ngramspec"), rep.checks.get("llama-server")
+    if ours:
+        line = (f"prompt processing, {ours['prompt_n']}-token prompt: {ours['prompt_per_second']:.1f} tok/s")
+        if peer:
+            line += (f" vs llama-server {peer['prompt_per_second']:.1f} "
+                     f"({ours['prompt_per_second'] / peer['prompt_per_second']:.2f}x)")
+        out_console.print(line)
+        out_console.print(f"prompt cache: second request cache_n {ours['cache_n']}, prompt "
+                          f"{ours['cache_second_prompt_ms']:.0f} ms vs first "
+                          f"{ours['cache_first_prompt_ms']:.0f} ms "
+                          f"({ours['cache_second_prompt_ms'] / ours['cache_first_prompt_ms']:.0%})")
 
 
 def _print_bench(name, res, n_predict, reps, peer=None) -> None:

@@ -53,28 +53,33 @@ class DecodeCost:
     per_token: float
     per_logit: float
     per_kv: float = 0.0  # per token per 1000 cells of its stream
+    per_odd: float = 0.0  # per ubatch with an odd number (3+) of logit rows
     per_seq_streams: bool = False  # the context's KV layout (decides the split)
     n_ubatch: int = 512
     pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
 
     def __post_init__(self) -> None:
-        if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv) < 0:
+        if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv,
+                                       self.per_odd) < 0:
             raise ValueError(f"a decode cost needs a positive per-ubatch cost and no negative "
                              f"coefficient: {self}")
 
     def features(self, shapes: Sequence[Shape]) -> np.ndarray:
-        """(ubatches, tokens with padding, logit rows, token-kilocells) of one decode."""
-        lengths = [(s.seq_id, s.n_tokens) for s in shapes if s.n_tokens > 0]
-        pads = ubatch.pads_needed(lengths, self.n_ubatch, self.per_seq_streams) if self.pad else {}
-        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
-        n_ub = len(ubatch.split(padded, self.n_ubatch, self.per_seq_streams))
-        tokens = sum(n for _, n in padded)
+        """(ubatches, tokens with padding, logit rows, token-kilocells, odd-logit
+        ubatches) of one decode, laid out as `Context.decode` lays it out."""
+        shapes = [s for s in shapes if s.n_tokens > 0]
+        lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
+                            self.n_ubatch, self.per_seq_streams, pad=self.pad)
+        pads = lay.pads
+        tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
         kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
-        return np.array([n_ub, tokens, sum(s.n_logits for s in shapes), kv], dtype=float)
+        odd = sum(1 for n in lay.logits if n >= 3 and n % 2)
+        return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd], dtype=float)
 
     @property
     def coef(self) -> np.ndarray:
-        return np.array([self.per_ubatch, self.per_token, self.per_logit, self.per_kv])
+        return np.array([self.per_ubatch, self.per_token, self.per_logit, self.per_kv,
+                         self.per_odd])
 
     def seconds(self, shapes: Sequence[Shape]) -> float:
         return float(self.features(shapes) @ self.coef)
@@ -92,8 +97,10 @@ class DecodeCost:
 
     @classmethod
     def linear(cls, base_s: float, per_token_s: float) -> "DecodeCost":
-        """A synthetic single-stream model t(n) = base + per_token * (n - 1) (tests)."""
-        return cls(per_ubatch=base_s - per_token_s, per_token=0.0, per_logit=per_token_s)
+        """A synthetic single-stream model t(n) = base + per_token * (n - 1), exactly
+        (no padding) (tests)."""
+        return cls(per_ubatch=base_s - per_token_s, per_token=0.0, per_logit=per_token_s,
+                   pad=False)
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[Sequence[Shape], float]], **layout) -> "DecodeCost":
@@ -101,10 +108,11 @@ class DecodeCost:
         probe = cls(1.0, 0.0, 0.0, **layout)
         x = np.array([probe.features(sh) for sh, _ in samples])
         y = np.array([sec for _, sec in samples])
-        active = [True] * 4
-        coef = np.zeros(4)
-        for _ in range(4):
-            cols = [i for i in range(4) if active[i]]
+        n = x.shape[1]
+        active = [bool(x[:, i].any()) for i in range(n)]  # unobserved features stay 0
+        coef = np.zeros(n)
+        for _ in range(n):
+            cols = [i for i in range(n) if active[i]]
             sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
             coef[:] = 0
             coef[cols] = sol
@@ -203,6 +211,8 @@ def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
         shapes += [[Shape(s, 1, 1) for s in range(k)],
                    [Shape(0, 9, 9)] + [Shape(s, 1, 1) for s in range(1, k)],
                    [Shape(0, 2, 2), Shape(1, 5, 5)]]
+        if k >= 3:  # an odd logit count no padding row can even out
+            shapes += [[Shape(s, 1, 1) for s in range(3)], [Shape(s, 3, 3) for s in range(3)]]
     return shapes
 
 

@@ -38,6 +38,7 @@ from .config import SpecConfig
 from .cost import Shape
 from .drafters import DrafterChain, as_tokens
 from .drafters.chain import drafter_keys, make_drafter_for
+from .drafters.prediction import PredictionDrafter
 from .errors import ConfigError
 from .model import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context, ContextOverflow, Model
 from .policy import DraftPolicy, FixedPolicy
@@ -169,12 +170,13 @@ class Engine:
 
     def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
               n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
-              cache_prompt: bool = True) -> SeqState:
+              cache_prompt: bool = True, prediction: Sequence[int] | None = None) -> SeqState:
         """Admit a new sequence: sampler, speculation and the slot's cached prefix.
         Nothing is evaluated: `prefill` does that.
 
         `spec` overrides the engine's SpecConfig for this sequence; speculative=False
-        or an empty type list turns drafting off for it.
+        or an empty type list turns drafting off for it. `prediction` (token ids of
+        the output the client expects) drafts first, whatever the spec types.
         """
         prompt = as_tokens(prompt, "prompt")
         if len(prompt) == 0:
@@ -194,8 +196,9 @@ class Engine:
         self.ctx.truncate(seq_id, st.n_cached)
         self.cache.pop(seq_id, None)
         st.n_hist = st.n_cached
-        if speculative and (cfg.enabled or self.draft_drafter is not None):
-            st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy)
+        own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
+        if speculative and (cfg.enabled or self.draft_drafter is not None or own):
+            st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy, own)
             st.spec.begin(prompt)
         return st
 
@@ -369,7 +372,7 @@ class Engine:
         p, c = self.model.path, self.ctx
         layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant}
         key = (f"{p.resolve()}:{p.stat().st_size}:threads={c.params.n_threads}:"
-               f"invariant={c.invariant}:streams={c.per_seq_streams}")
+               f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v2")
         self._scratch = {}
         try:
             self.measure_decode([Shape(0, 8, 8)])  # warm-up: first decodes allocate buffers

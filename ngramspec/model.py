@@ -281,7 +281,8 @@ class Context:
         no logits) and removed after the decode (`ubatch.pads_needed`); a decode
         that would still break an invariance rule raises ValueError.
         """
-        return self._run(entries, self.pads_for([(s, len(t)) for s, t, _, _ in entries]))
+        lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries])
+        return self._run(entries, lay.pads, lay.pad_logits)
 
     def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int) -> list[int]:
         """Evaluate prompt tokens of one sequence in a llama_decode of their own, padded
@@ -293,8 +294,11 @@ class Context:
                              f"tokens, got {n}")
         return self._run([(seq_id, tokens, pos0, False)], {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
 
-    def _run(self, entries, pads: dict[int, int]) -> list[list[int]]:
-        """Fill the batch (each entry's tokens, then its pads), decode, drop the pads."""
+    def _run(self, entries, pads: dict[int, int],
+             pad_logits: dict[int, int] | None = None) -> list[list[int]]:
+        """Fill the batch (each entry's tokens, then its pads, the first pad_logits of
+        them with logits nobody reads), decode, drop the pads."""
+        pad_logits = pad_logits or {}
         lc = _llama()
         b = self.batch
         i = 0
@@ -309,7 +313,7 @@ class Context:
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq_id
                 want = not pad and (all_logits or k == n - 1)
-                b.logits[i] = want
+                b.logits[i] = want or (pad and k - n < pad_logits.get(seq_id, 0))
                 if want:
                     mine.append(i)
                 i += 1
@@ -323,23 +327,22 @@ class Context:
                 self.truncate(seq_id, pos0 + len(tokens))
         return rows
 
-    def pads_for(self, lengths: Sequence[tuple[int, int]]) -> dict[int, int]:
-        """Padding tokens per sequence for a decode of `lengths` (seq_id, n_tokens);
-        raises ValueError if the decode does not fit or cannot be made invariant."""
-        total = sum(n for _, n in lengths)
+    def layout_for(self, entries: Sequence[tuple[int, int, int]]) -> ubatch.Layout:
+        """The layout (padding, ubatches) of a decode of entries (seq_id, n_tokens,
+        n_logits); raises ValueError if it does not fit or cannot be made invariant."""
+        total = sum(n for _, n, _ in entries)
         if total > self.n_batch:
             raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
-        if not self.invariant:
-            return {}
-        pads = ubatch.pads_needed(lengths, self.n_ubatch, self.per_seq_streams)
-        padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
-        if sum(pads.values()) + total > self.n_batch:
-            raise ValueError(f"batch of {total} tokens plus {sum(pads.values())} padding "
-                             f"tokens exceeds n_batch={self.n_batch}")
-        why = ubatch.invariant_violation(ubatch.split(padded, self.n_ubatch, self.per_seq_streams))
-        if why is not None:
-            raise ValueError(f"decode of {lengths} is not batch-invariant: {why}")
-        return pads
+        lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant)
+        n_pads = sum(lay.pads.values())
+        if n_pads + total > self.n_batch:
+            raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "
+                             f"n_batch={self.n_batch}")
+        if self.invariant:
+            why = ubatch.invariant_violation(lay.ubatches)
+            if why is not None:
+                raise ValueError(f"decode of {list(entries)} is not batch-invariant: {why}")
+        return lay
 
     def logits_at(self, index: int) -> np.ndarray:
         """Logits of batch index `index` of the last decode (a view)."""

@@ -84,15 +84,17 @@ def load_documents(source: str | None, n: int | None = None) -> list[Document]:
 
 
 def send_all(url: str, docs: Sequence[Document], clients: int, n_predict: int,
-             headers: dict | None = None, body: dict | None = None) -> tuple[float, list[dict]]:
-    """POST every document to url/completion from `clients` threads; (wall s, responses)."""
+             body: dict | None = None, per_doc: dict[str, dict] | None = None
+             ) -> tuple[float, list[dict]]:
+    """POST every document to url/completion from `clients` threads; (wall s, responses).
+    `body` is added to every request, `per_doc[doc.id]` to that document's."""
     import httpx
 
     def one(client: httpx.Client, doc: Document) -> dict:
         r = client.post("/completion", json={
             "prompt": doc.prompt, "n_predict": n_predict, "temperature": 0.0, "top_k": 1,
-            "cache_prompt": False, "return_tokens": True, "seed": 0, **(body or {})},
-            headers=headers or {})
+            "cache_prompt": False, "return_tokens": True, "seed": 0, **(body or {}),
+            **(per_doc or {}).get(doc.id, {})})
         r.raise_for_status()
         return r.json()
 
@@ -121,37 +123,136 @@ def collect(server: str, mode: str, slots: int, docs: Sequence[Document], wall: 
     return r
 
 
+def mode_body(mode: str) -> dict:
+    """The request fields of one ngramspec mode: the server's default ("auto"), "off",
+    "oracle" (a prediction of the exact output, nothing else drafts) or a spec type."""
+    if mode == "auto":
+        return {}
+    if mode in ("off", "oracle"):
+        return {"speculative": {"type": "none"}}
+    return {"speculative": {"type": mode}}
+
+
 def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
                   threads: int, slot_ctx: int, model: str | None,
-                  progress: Callable[[str], None] = lambda s: None) -> list[RunResult]:
-    """One `ngramspec serve -np slots` process; each mode is a per-request setting."""
+                  progress: Callable[[str], None] = lambda s: None,
+                  extra_checks: Callable[[str], dict] | None = None
+                  ) -> tuple[list[RunResult], dict]:
+    """One `ngramspec serve -np slots` process; each mode is a per-request setting.
+    "oracle" needs "off" earlier in `modes` (its outputs are the predictions).
+    `extra_checks(url)` runs on the same server after the modes."""
     from .server.launch import start_server
 
     args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0"]
     if model:
         args += ["-m", model]
-    sp = start_server(args, timeout=600)
+    sp = start_server(args, timeout=900)
     try:
-        results = []
+        results: list[RunResult] = []
         for mode in modes:
             progress(f"ngramspec -np {slots}: {mode}")
-            body = {} if mode == "auto" else (
-                {"speculative": {"type": "none"}} if mode == "off" else {"speculative": {"type": mode}})
-            wall, outs = send_all(sp.url, docs, slots, n_predict, body=body)
+            per_doc = None
+            if mode == "oracle":
+                off = next(r for r in results if r.mode == "off")
+                per_doc = {d: {"prediction": {"type": "content", "content": t}}
+                           for d, t in off.outputs.items()}
+            wall, outs = send_all(sp.url, docs, slots, n_predict, mode_body(mode), per_doc)
             results.append(collect("ngramspec", mode, slots, docs, wall, outs))
-        return results
+        checks = extra_checks(sp.url) if extra_checks else {}
+        return results, checks
     finally:
         sp.stop()
 
 
 def run_llama_server(binary: str, model_path: str, docs: Sequence[Document], slots: int,
                      spec_type: str, n_predict: int, threads: int, slot_ctx: int,
-                     extra: Sequence[str] = ()) -> RunResult:
+                     extra: Sequence[str] = (),
+                     extra_checks: Callable[[str], dict] | None = None) -> tuple[RunResult, dict]:
     from .peer import LlamaServerPeer
 
     peer = LlamaServerPeer(binary, model_path, spec_type, n_ctx=slot_ctx * slots, threads=threads,
                            extra=list(extra), n_parallel=slots)
     with peer:
         wall, outs = send_all(peer.url, docs, slots, n_predict)
+        checks = extra_checks(peer.url) if extra_checks else {}
     return collect("llama-server", "off" if spec_type == "none" else spec_type, slots, docs,
-                   wall, outs)
+                   wall, outs), checks
+
+
+def long_text(n_chars: int, module: str = "difflib") -> str:
+    """Real text nobody here wrote (a standard-library module's source), n_chars long."""
+    import importlib
+    import inspect
+
+    src = inspect.getsource(importlib.import_module(module))
+    return (src * (n_chars // len(src) + 1))[:n_chars]
+
+
+def prompt_checks(url: str, n_chars: int = 8000) -> dict:
+    """Prompt speed on one ~2,000-token prompt (best of 2, no cache), and the prompt
+    cache: a ~1,500-token prefix with a new ~50-token suffix after a first request."""
+    import httpx
+
+    def post(client, prompt, cache):
+        r = client.post("/completion", json={"prompt": prompt, "n_predict": 1, "temperature": 0,
+                                             "cache_prompt": cache})
+        r.raise_for_status()
+        return r.json()["timings"]
+
+    text = long_text(n_chars)
+    with httpx.Client(base_url=url, timeout=600) as c:
+        speed = max((post(c, text, False) for _ in range(2)), key=lambda t: t["prompt_per_second"])
+        prefix = long_text(6000, "argparse")  # a prefix no slot holds yet
+        first = post(c, prefix + "\n# first question: what does this module do?\n", True)
+        second = post(c, prefix + "\n# second question: which classes does it define, and why?\n", True)
+    return {"prompt_n": speed["prompt_n"], "prompt_per_second": speed["prompt_per_second"],
+            "cache_first_prompt_ms": first["prompt_ms"], "cache_first_prompt_n": first["prompt_n"],
+            "cache_second_prompt_ms": second["prompt_ms"], "cache_second_prompt_n": second["prompt_n"],
+            "cache_n": second.get("cache_n", 0)}
+
+
+@dataclass
+class PipelineReport:
+    """Everything one `bench --parallel` run measured."""
+
+    runs: list[RunResult] = field(default_factory=list)
+    checks: dict[str, dict] = field(default_factory=dict)  # "ngramspec"/"llama-server" -> prompt_checks
+
+    def get(self, server: str, mode: str, slots: int) -> RunResult | None:
+        return next((r for r in self.runs if (r.server, r.mode, r.slots) == (server, mode, slots)), None)
+
+    def best_peer(self, slots: int) -> RunResult | None:
+        peers = [r for r in self.runs if r.server == "llama-server" and r.slots == slots
+                 and r.mode != "off"]
+        return max(peers, key=lambda r: r.tok_per_s) if peers else None
+
+    def identical(self, a: RunResult, b: RunResult) -> int:
+        return sum(a.outputs.get(d) == b.outputs.get(d) for d in a.outputs)
+
+
+def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threads: int,
+        slot_ctx: int, model: str | None, llama_server: str | None, peer_types: Sequence[str],
+        progress: Callable[[str], None] = lambda s: None) -> PipelineReport:
+    """ngramspec (off, auto, and the oracle at one slot) and llama-server (none + each
+    of `peer_types`) at every slot count, one server at a time."""
+    from .model import default_model_path
+
+    rep = PipelineReport()
+    for n in parallel:
+        modes = ["off", "auto"] + (["oracle"] if n == 1 else [])
+        checks = prompt_checks if n == 1 else None
+        res, chk = run_ngramspec(docs, n, modes, n_predict, threads, slot_ctx, model, progress,
+                                 checks)
+        rep.runs += res
+        if chk:
+            rep.checks["ngramspec"] = chk
+        if llama_server:
+            path = model or default_model_path()
+            for t in ["none", *peer_types]:
+                progress(f"llama-server -np {n}: {t}")
+                r, chk = run_llama_server(llama_server, path, docs, n, t, n_predict, threads,
+                                          slot_ctx, extra_checks=checks if t == "none" else None)
+                rep.runs.append(r)
+                if chk:
+                    rep.checks["llama-server"] = chk
+    return rep

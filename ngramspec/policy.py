@@ -46,7 +46,7 @@ class FixedPolicy:
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
-        found = sp.chain.propose(sp.seq_id, history, sampled, room, first_only=True)
+        found = sp.chain.propose(sp.seq_id, history, sampled, room, first_only=True, extra=sp.own)
         return DraftOptions(proposals=found) if found else NO_OPTIONS
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
@@ -96,7 +96,7 @@ class CostPolicy:
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
         props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
-                                 first_only=not self.compare_all)
+                                 first_only=not self.compare_all, extra=sp.own)
         if not props:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}

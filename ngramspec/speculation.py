@@ -18,6 +18,7 @@ every proposal of the step is scored against the emitted tokens by the policy.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -56,8 +57,9 @@ NO_OPTIONS = DraftOptions()
 class Speculation:
     """Drafting for one sequence (one request, one server slot)."""
 
-    def __init__(self, seq_id: int, chain: DrafterChain, policy):
+    def __init__(self, seq_id: int, chain: DrafterChain, policy, own: Sequence = ()):
         self.seq_id, self.chain, self.policy = seq_id, chain, policy
+        self.own = tuple(own)  # this sequence's own drafters (a client's prediction), asked first
         self.stats: dict[str, AcceptanceStats] = {}  # this sequence's acceptance, per drafter
         self.options = NO_OPTIONS
         self.committed: tuple[str, int] | None = None  # (drafter name, length) verified this step
@@ -66,6 +68,8 @@ class Speculation:
 
     def begin(self, prompt: np.ndarray) -> None:
         self.chain.begin(self.seq_id, prompt)
+        for d in self.own:
+            d.begin(self.seq_id, prompt)
 
     def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
         """Proposals for this step and their expected tokens (nothing committed yet)."""
@@ -95,4 +99,6 @@ class Speculation:
 
     def end(self) -> None:
         self.chain.end(self.seq_id)
+        for d in self.own:
+            d.end(self.seq_id)
         self.options, self.committed = NO_OPTIONS, None

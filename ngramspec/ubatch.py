@@ -127,3 +127,74 @@ def pads_needed(lengths: Sequence[tuple[int, int]], n_ubatch: int,
         s = lone[0].take[0][0]
         pads[s] = pads.get(s, 0) + 1
     raise AssertionError(f"padding did not converge for {list(lengths)}")  # pragma: no cover
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How one decode is laid out: padding per sequence, padding rows that carry
+    logits (for an even logit count), the ubatches and their logit rows."""
+
+    pads: dict[int, int]
+    pad_logits: dict[int, int]
+    ubatches: tuple[Ubatch, ...]
+    logits: tuple[int, ...]  # logit rows per ubatch
+
+
+def _logits_per_ubatch(entries, pads, pad_logits, ubatches) -> list[int]:
+    """Logit rows in each ubatch: each sequence's tokens are its real tokens (logits on
+    the last n_logits of them) then its pads (logits on the first pad_logits)."""
+    cursor = {s: 0 for s, _, _ in entries}
+    info = {s: (n, nl) for s, n, nl in entries}
+    out = []
+    for ub in ubatches:
+        count = 0
+        for s, take in ub.take:
+            n, nl = info[s]
+            a, b = cursor[s], cursor[s] + take
+            count += max(0, min(b, n) - max(a, n - nl))  # real rows with logits
+            count += max(0, min(b, n + pad_logits.get(s, 0)) - max(a, n))  # pad rows with logits
+            cursor[s] = b
+        out.append(count)
+    return out
+
+
+def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_streams: bool,
+           pad: bool = True) -> Layout:
+    """The layout of a decode of entries (seq_id, n_tokens, n_logits), ascending seq_id.
+
+    With `pad` (batch-invariant contexts): U1 padding (`pads_needed`), then for every
+    ubatch with an odd number of logit rows (3 or more) one padding row of it gets
+    logits too, and with a single stream a padding row is added for that: llama.cpp's
+    output matmul costs ~13 ms more for an odd column count on this CPU (the logits
+    of a row do not depend on the others: batch invariance).
+    """
+    lengths = [(s, n) for s, n, _ in entries]
+    pads = pads_needed(lengths, n_ubatch, per_seq_streams) if pad else {}
+    pad_logits: dict[int, int] = {}
+    if pad and not per_seq_streams:
+        total = sum(nl for _, _, nl in entries)
+        rows = sum(n for _, n in lengths) + sum(pads.values())
+        if total >= 3 and total % 2 and entries and rows + 1 < FA_TILE_ROWS:
+            s = entries[-1][0]
+            pads[s] = pads.get(s, 0) + (0 if pads.get(s) else 1)
+            pad_logits[s] = 1
+    padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
+    ubs = split(padded, n_ubatch, per_seq_streams)
+    logits = _logits_per_ubatch(entries, pads, pad_logits, ubs)
+    if pad and per_seq_streams:
+        for i, ub in enumerate(ubs):
+            if logits[i] < 3 or logits[i] % 2 == 0:
+                continue
+            for s, _ in ub.take:  # a pad row of this ubatch that has no logits yet
+                if pads.get(s, 0) > pad_logits.get(s, 0) and _pad_rows_in(entries, pads, ubs, i, s):
+                    pad_logits[s] = pad_logits.get(s, 0) + 1
+                    logits[i] += 1
+                    break
+    return Layout(pads, pad_logits, tuple(ubs), tuple(logits))
+
+
+def _pad_rows_in(entries, pads, ubatches, i, s) -> bool:
+    """Whether ubatch i holds one of sequence s's padding rows."""
+    n = next(n for q, n, _ in entries if q == s)
+    start = sum(dict(ub.take).get(s, 0) for ub in ubatches[:i])
+    return start + dict(ubatches[i].take)[s] > n and pads.get(s, 0) > 0

@@ -56,9 +56,14 @@ def test_decode_cost_counts_ubatches_padding_and_logits():
     assert c.seconds(three) == pytest.approx(2 * 0.010 + 10 * 0.002 + 9 * 0.003)
     # context: per token per 1000 cells
     assert c.seconds([Shape(0, 2, 2, 2000)]) == pytest.approx(0.010 + 2 * 0.005 + 2 * 2 * 0.001)
-    # a single stream is one ubatch whatever the sequences
+    # a single stream is one ubatch whatever the sequences; its odd logit count (9)
+    # gets one more padding row with logits (an odd count costs more on this CPU)
     one = DecodeCost(0.010, 0.002, 0.003)
-    assert one.seconds(three) == pytest.approx(0.010 + 9 * 0.005)
+    assert one.seconds(three) == pytest.approx(0.010 + 10 * 0.005)
+    assert one.seconds([Shape(0, 8, 8)]) == pytest.approx(0.010 + 8 * 0.005)
+    # with several streams only existing padding rows get logits: the rest is priced
+    odd = DecodeCost(0.010, 0.002, 0.003, per_odd=0.013, per_seq_streams=True)
+    assert odd.seconds([Shape(s, 1, 1) for s in range(3)]) == pytest.approx(0.010 + 0.015 + 0.013)
 
 
 def test_fit_recovers_the_coefficients():

@@ -101,3 +101,21 @@ def test_padding_always_yields_an_invariant_split(streams):
         padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
         assert invariant_violation(split(padded, 512, streams)) is None, (lengths, pads)
         assert sum(pads.values()) <= len(lengths)
+
+
+def test_layout_evens_out_logit_rows():
+    from ngramspec.ubatch import layout
+
+    one = layout([(0, 5, 5)], 512, False)  # single stream: a padding row with logits
+    assert one.pads == {0: 1} and one.pad_logits == {0: 1} and one.logits == (6,)
+    assert layout([(0, 4, 4)], 512, False).pads == {}
+    assert layout([(0, 1, 1)], 512, False).logits == (1,)  # one logit row: the pad stays plain
+    assert layout([(0, 63, 63)], 512, False).pads == {}  # no room under the 64-row limit
+    # streams: [3, 2, 2, 2] pads sequence 0's lone token; that pad row evens the last ubatch?
+    lay = layout([(0, 3, 3), (1, 2, 2), (2, 2, 2), (3, 2, 2)], 512, True)
+    assert lay.pads == {0: 1} and lay.logits == (8, 1)
+    # [3, 3, 3]: one ubatch of 9 logit rows and no padding row to give logits: priced, not padded
+    lay = layout([(0, 3, 3), (1, 3, 3), (2, 3, 3)], 512, True)
+    assert lay.pads == {} and lay.logits == (9,)
+    # prefill-like entry: logits on the last token only
+    assert layout([(0, 10, 1)], 512, False).logits == (1,)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -99,19 +99,20 @@ class DrafterChain:
             st.n_call_begin += 1
 
     def propose(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int,
-                first_only: bool = True) -> list[tuple[Drafter, np.ndarray]]:
-        """Ask the drafters in order; return (drafter, draft) pairs, each draft cut to
-        min(max_len, draft_max) and at least draft_min long. With first_only, stop at
-        the first such draft (llama.cpp's chain). Nothing is committed yet."""
+                first_only: bool = True, extra: Sequence[Drafter] = ()) -> list[tuple[Drafter, np.ndarray]]:
+        """Ask the drafters in order (a sequence's own `extra` drafters first); return
+        (drafter, draft) pairs, each draft cut to min(max_len, draft_max) and at least
+        draft_min long. With first_only, stop at the first such draft (llama.cpp's
+        chain). Nothing is committed yet."""
         self._last[seq_id] = None
         max_len = min(max_len, self._cap)
         out: list[tuple[Drafter, np.ndarray]] = []
         if max_len < self._min:
             return out
-        for d in self.drafters:
+        for d in (*extra, *self.drafters):
             t0 = time.perf_counter_ns()
             draft = d.draft(seq_id, history, sampled, max_len)
-            st = self.stats[d.name]
+            st = self.stats.get(d.name) or self.stats.setdefault(d.name, DrafterStats(d.name))
             st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
             st.n_call_draft += 1
             if len(draft) >= self._min:

@@ -102,6 +102,7 @@ class Prepared:
     spec: SpecConfig | None
     stop: list[str]
     cache_prompt: bool = True
+    prediction: np.ndarray | None = None
 
 
 def _clamp(v: int, lo: int, hi: int | None = None) -> int:
@@ -151,7 +152,7 @@ def _speculation(state: ServerState, req: _Generation, request: Request) -> tupl
     if req.speculative is not None:
         cfg = spec_override(cfg, req.speculative)
     has_draft_model = state.engine.draft_drafter is not None
-    on = on and (cfg.enabled or has_draft_model)
+    on = on and (cfg.enabled or has_draft_model or req.prediction is not None)
     return on, (None if cfg == state.engine.spec else cfg)
 
 
@@ -227,6 +228,18 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
     return tokens, model.detokenize(tokens)
 
 
+def _prediction(state: ServerState, req: _Generation) -> np.ndarray | None:
+    """The request's predicted output as token ids (no BOS), or None."""
+    p = req.prediction
+    if p is None:
+        return None
+    c = p.content
+    if isinstance(c, list) and c and isinstance(c[0], int):
+        return _check_tokens(state, c)
+    text = c if isinstance(c, str) else "".join(part.text or "" for part in c)
+    return state.engine.model.tokenize(text, add_special=False, parse_special=False)
+
+
 def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.ndarray,
             prompt_text: str, n_predict: int | None) -> Prepared:
     n = len(tokens)
@@ -242,7 +255,8 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
                     n_predict=room if want < 0 else min(want, room),
                     truncate_at_length=want < 0 or want > room, speculative=speculative,
-                    spec=spec, stop=req.stop_list(), cache_prompt=req.cache_prompt)
+                    spec=spec, stop=req.stop_list(), cache_prompt=req.cache_prompt,
+                    prediction=_prediction(state, req))
 
 
 async def parse_body(request: Request, model: type):
@@ -297,7 +311,8 @@ async def submit(state: ServerState, request: Request, prep: Prepared) -> tuple[
     job = HttpJob(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
                   speculative=prep.speculative, spec=prep.spec, stop=prep.stop,
                   sink=_sink(asyncio.get_running_loop(), queue), queue=queue,
-                  truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt)
+                  truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
+                  prediction=prep.prediction)
     state.scheduler.submit(job)
     try:
         ev = await _next_event(job, request)

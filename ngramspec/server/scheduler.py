@@ -38,8 +38,6 @@ from .errors import APIError
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
-#: prompt tokens per prefill decode while other slots are generating (else n_ubatch)
-PREFILL_CHUNK_BUSY = 256
 
 
 @dataclass
@@ -76,6 +74,7 @@ class Job:
     sink: Callable[[Event], None]  # called from the scheduler thread; must not block
     truncate_at_length: bool = False  # n_predict was clamped: "length" means the slot is full
     cache_prompt: bool = True
+    prediction: np.ndarray | None = None  # the client's predicted output (drafts first)
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     finished: bool = False
@@ -238,8 +237,7 @@ class Scheduler:
         filling = [s for s in self.slots if s.st is not None and s.st.prefilling]
         if filling:
             s = min(filling, key=lambda s: s.job.t_queued)
-            chunk = PREFILL_CHUNK_BUSY if generating else self.engine.ctx.n_ubatch
-            self._guard([s], lambda: self._prefill(s, chunk))
+            self._guard([s], lambda: self._prefill(s, self.engine.ctx.n_ubatch))
         if generating:
             self._guard(generating, lambda: self._step(generating))
 
@@ -280,7 +278,8 @@ class Scheduler:
         s.n_tasks += 1
         try:
             st = self.engine.start(s.id, job.prompt, job.sampling, job.n_predict,
-                                   job.speculative, job.spec, cache_prompt=job.cache_prompt)
+                                   job.speculative, job.spec, cache_prompt=job.cache_prompt,
+                                   prediction=job.prediction)
         except Exception as e:
             self._fail(s, e)
             return

@@ -20,6 +20,15 @@ class SpeculativeParams(BaseModel):
     ngram_size_m: StrictInt | None = None  # drafted length (clamped to [1, 1024])
 
 
+class Prediction(BaseModel):
+    """OpenAI's predicted output: text the answer is expected to repeat (drafts first).
+    Token ids are accepted too, as in llama.cpp prompts."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["content"] = "content"
+    content: Union[StrictStr, list["ContentPart"], list[StrictInt]]
+
+
 class _Generation(BaseModel):
     """Fields shared by every generation endpoint (llama-server and OpenAI names)."""
 
@@ -37,6 +46,7 @@ class _Generation(BaseModel):
     json_schema: dict[str, Any] | None = None
     speculative: SpeculativeParams | None = None
     cache_prompt: StrictBool = True  # reuse the slot's cached prompt prefix (llama-server)
+    prediction: Prediction | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -121,3 +131,6 @@ class NativeCompletionRequest(_Generation):
     n_predict: StrictInt | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
     response_format: ResponseFormat | None = None
+
+
+Prediction.model_rebuild()
