@@ -136,11 +136,12 @@ def mode_body(mode: str) -> dict:
 def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
                   threads: int, slot_ctx: int, model: str | None,
                   progress: Callable[[str], None] = lambda s: None,
-                  extra_checks: Callable[[str], dict] | None = None
+                  extra_checks: Callable[[str], dict] | None = None, clients: int | None = None
                   ) -> tuple[list[RunResult], dict]:
-    """One `ngramspec serve -np slots` process; each mode is a per-request setting.
-    "oracle" needs "off" earlier in `modes` (its outputs are the predictions).
-    `extra_checks(url)` runs on the same server after the modes."""
+    """One `ngramspec serve -np slots` process; each mode is a per-request setting,
+    sent by `clients` concurrent clients (default: one per slot). "oracle" needs
+    "off" earlier in `modes` (its outputs are the predictions). `extra_checks(url)`
+    runs on the same server after the modes."""
     from .server.launch import start_server
 
     args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0"]
@@ -156,7 +157,7 @@ def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_
                 off = next(r for r in results if r.mode == "off")
                 per_doc = {d: {"prediction": {"type": "content", "content": t}}
                            for d, t in off.outputs.items()}
-            wall, outs = send_all(sp.url, docs, slots, n_predict, mode_body(mode), per_doc)
+            wall, outs = send_all(sp.url, docs, clients or slots, n_predict, mode_body(mode), per_doc)
             results.append(collect("ngramspec", mode, slots, docs, wall, outs))
         checks = extra_checks(sp.url) if extra_checks else {}
         return results, checks

@@ -11,6 +11,7 @@ exactly the calls the engine would make (through one `Speculation`).
 """
 from __future__ import annotations
 
+import collections
 import json
 import time
 from dataclasses import dataclass, field
@@ -95,8 +96,9 @@ class ReplayResult:
 
 @dataclass
 class _Seq:
-    """One recorded stream being replayed."""
+    """One recorded stream being replayed in a slot."""
 
+    index: int  # position in the streams given
     sp: Speculation
     prompt: np.ndarray
     generated: np.ndarray
@@ -112,73 +114,108 @@ class _Seq:
     def done(self) -> bool:
         return self.n_hist - len(self.prompt) >= len(self.generated) - 1
 
+    def result(self, name: str) -> ReplayResult:
+        return ReplayResult(name, len(self.prompt), len(self.generated), self.steps, self.drafts,
+                            self.drafted, self.accepted, np.asarray(self.times, dtype=np.int64))
+
+
+def _verify(s: _Seq, draft: np.ndarray) -> int:
+    """Check `draft` against the stream, advance by accepted + 1; return accepted."""
+    at = s.n_hist - len(s.prompt)
+    truth = s.generated[at + 1:at + 2 + len(draft)]
+    neq = np.flatnonzero(draft != truth[:len(draft)])
+    n_acc = int(neq[0]) if len(neq) else len(draft)
+    if len(draft):
+        s.drafts, s.drafted, s.accepted = s.drafts + 1, s.drafted + len(draft), s.accepted + n_acc
+    s.sp.settle([int(t) for t in truth[:n_acc + 1]], n_acc)
+    s.n_hist += n_acc + 1
+    s.sampled = int(s.generated[s.n_hist - len(s.prompt)])
+    s.steps += 1
+    return n_acc
+
+
+def _plain_seconds(cost, streams, slots: int) -> float:
+    """Modelled time of plain decoding: one token per running slot per decode."""
+    queue = collections.deque((len(p), len(g) - 1) for p, g in streams)
+    running: dict[int, list[int]] = {}  # slot -> [history length, steps left]
+    seconds = 0.0
+    while queue or running:
+        for slot in range(slots):
+            if slot not in running and queue:
+                running[slot] = list(queue.popleft())
+        running = {k: v for k, v in running.items() if v[1] > 0}
+        if not running:
+            continue
+        seconds += cost.seconds([Shape(k, 1, 1, v[0]) for k, v in sorted(running.items())])
+        for v in running.values():
+            v[0], v[1] = v[0] + 1, v[1] - 1
+    return seconds
+
 
 def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.ndarray, np.ndarray]],
-                 *, max_draft: int | None = None,
-                 on_step: Callable[[int, int, int, int], None] | None = None
+                 *, slots: int | None = None, max_draft: int | None = None,
+                 on_step: Callable[[int, int, int, int], None] | None = None,
+                 own: Callable[[int], Sequence] | None = None
                  ) -> tuple[list[ReplayResult], float | None]:
-    """Replay several recorded streams decoded together, one slot each, from the start.
+    """Replay recorded streams through `slots` slots (default: one per stream), as a
+    server would decode them: waiting streams start when a slot frees.
 
-    Every step each unfinished sequence's Speculation plans, the planner chooses all
+    Every step each running sequence's Speculation plans, the planner chooses all
     lengths together (as the engine's step does), each draft is checked against its
     stream's true continuation and the sequence advances by accepted + 1. With a
-    decode-cost model `cost` each step is priced as one decode of all entries; the
-    second value returned is plain decoding's modelled time over that (the speedup).
-    `on_step` gets (sequence, history length, drafted, accepted).
+    decode-cost model `cost` each step is priced as one decode of all entries (prompt
+    evaluation is left out of both sides); the second value returned is plain
+    decoding's modelled time, through the same slots, over that (the speedup).
+    `on_step` gets (stream, history length, drafted, accepted); `own(i)` gives stream
+    i's own drafters (a prediction: `PredictionDrafter(generated)` is the oracle).
     """
-    seqs = []
-    for i, (prompt, generated) in enumerate(streams):
-        prompt, generated = as_tokens(prompt, "prompt"), as_tokens(generated, "generated")
-        sp = Speculation(i, chain, policy)
-        sp.begin(prompt)
-        seqs.append(_Seq(sp, prompt, generated, len(prompt), int(generated[0])))
+    streams = [(as_tokens(p, "prompt"), as_tokens(g, "generated")) for p, g in streams]
+    slots = slots or len(streams)
+    queue = collections.deque(range(len(streams)))
+    running: dict[int, _Seq] = {}
+    results: list[ReplayResult | None] = [None] * len(streams)
     cap = max_draft if max_draft is not None else 1 << 30
     per_seq, total = MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
     if cost is not None and cost.per_seq_streams:
-        total = 512 - len(seqs)
-    seconds = 0.0
-    while any(not s.done for s in seqs):
-        active = [(i, s) for i, s in enumerate(seqs) if not s.done]
+        total = 512 - slots
+    name, seconds = getattr(policy, "name", "policy"), 0.0
+    while queue or running:
+        for slot in range(slots):
+            if slot not in running and queue:
+                i = queue.popleft()
+                prompt, generated = streams[i]
+                sp = Speculation(slot, chain, policy, own(i) if own else ())
+                sp.begin(prompt)
+                running[slot] = _Seq(i, sp, prompt, generated, len(prompt), int(generated[0]))
+        for slot in [k for k, s in running.items() if s.done]:
+            s = running.pop(slot)
+            s.sp.end()
+            results[s.index] = s.result(name)
+        if not running:
+            continue
+        active = sorted(running.items())
         t0 = time.perf_counter_ns()
         opts = []
-        for i, s in active:
+        for slot, s in active:
             room = min(cap, len(s.generated) - 2 - (s.n_hist - len(s.prompt)))
             hist = np.concatenate([s.prompt, s.generated[:s.n_hist - len(s.prompt)]])
             opts.append(s.sp.plan(hist, s.sampled, room))
-        ks = planner.plan(opts, [Shape(i, 1, 1, s.n_hist) for i, s in active],
+        ks = planner.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active],
                           getattr(policy, "cost", None), per_seq, total)
         shapes = []
-        for (i, s), k in zip(active, ks):
+        for (slot, s), k in zip(active, ks):
             draft = s.sp.commit(k)
-            s.times.append((time.perf_counter_ns() - t0) // max(len(active), 1))
-            shapes.append(Shape(i, 1 + len(draft), 1 + len(draft), s.n_hist))
-            at = s.n_hist - len(s.prompt)
-            truth = s.generated[at + 1:at + 2 + len(draft)]
-            neq = np.flatnonzero(draft != truth[:len(draft)])
-            n_acc = int(neq[0]) if len(neq) else len(draft)
-            if len(draft):
-                s.drafts, s.drafted, s.accepted = s.drafts + 1, s.drafted + len(draft), s.accepted + n_acc
-            s.sp.settle([int(t) for t in truth[:n_acc + 1]], n_acc)
+            s.times.append((time.perf_counter_ns() - t0) // len(active))
+            shapes.append(Shape(slot, 1 + len(draft), 1 + len(draft), s.n_hist))
+            pos = s.n_hist
+            n_acc = _verify(s, draft)
             if on_step is not None:
-                on_step(i, s.n_hist, len(draft), n_acc)
-            s.n_hist += n_acc + 1
-            s.sampled = int(s.generated[s.n_hist - len(s.prompt)])
-            s.steps += 1
+                on_step(s.index, pos, len(draft), n_acc)
         if cost is not None:
             seconds += cost.seconds(shapes)
-    for s in seqs:
-        s.sp.end()
-    results = [ReplayResult(getattr(policy, "name", "policy"), len(s.prompt), len(s.generated),
-                            s.steps, s.drafts, s.drafted, s.accepted,
-                            np.asarray(s.times, dtype=np.int64)) for s in seqs]
     if cost is None or not seconds:
         return results, None
-    plain, t = 0.0, 0
-    while any(t < len(s.generated) - 1 for s in seqs):
-        plain += cost.seconds([Shape(i, 1, 1, len(s.prompt) + t) for i, s in enumerate(seqs)
-                               if t < len(s.generated) - 1])
-        t += 1
-    return results, plain / seconds
+    return results, _plain_seconds(cost, streams, slots) / seconds
 
 
 def replay_policy(chain: DrafterChain, policy, cost, prompt: np.ndarray, generated: np.ndarray,

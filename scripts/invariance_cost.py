@@ -21,7 +21,8 @@ mode, threads, n_predict = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 if mode == "stock":
     os.environ["GGML_CPU_TILED_MM"] = "1"
 from ngramspec.model import Model, Context, ContextParams
-from ngramspec.engine import Engine, generate
+from ngramspec.engine import Engine
+from ngramspec.generate import generate
 from ngramspec.sampling import SamplingParams
 from ngramspec import SpecConfig
 inv = mode == "invariant"
@@ -35,7 +36,7 @@ for k in (1, 2, 4, 8, 16, 32, 62):
     times = []
     for _ in range(5):
         ctx.clear()
-        ctx.decode([(0, toks[:400], 0, False)])
+        (ctx.prefill(0, toks[:400], 0) if inv else ctx.decode([(0, toks[:400], 0, False)]))
         t0 = time.perf_counter()
         ctx.decode([(0, toks[400:400 + k], 400, True)])
         times.append(time.perf_counter() - t0)

@@ -37,3 +37,22 @@ def make_engine(model, threads):
         return Engine(model, ctxs[key], spec, draft_drafter=draft_drafter)
 
     return make
+
+
+@pytest.fixture
+def logit_log(monkeypatch):
+    """Every sampled row's logit hash, per Sampler object (one per sequence): a test
+    compares them with a reference run to catch a difference before it flips a token."""
+    import xxhash
+
+    from ngramspec.sampling import Sampler
+
+    log: dict[int, list[str]] = {}
+    orig = Sampler.sample
+
+    def sample(self, index):
+        log.setdefault(id(self), []).append(xxhash.xxh64(self.ctx.logits_at(index)).hexdigest())
+        return orig(self, index)
+
+    monkeypatch.setattr(Sampler, "sample", sample)
+    return log

@@ -1,0 +1,109 @@
+"""Prompt evaluation on the real model: chunked prefill interleaved with running slots,
+and the prompt cache. Both must leave every generated token (and every logit row)
+exactly as a sequence decoded alone, from scratch, would have it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ngramspec import SpecConfig
+from ngramspec.corpus import documents, edit_prompt
+from ngramspec.engine import Engine
+from ngramspec.model import Context, ContextParams
+from ngramspec.sampling import SamplingParams
+
+pytestmark = pytest.mark.model
+GREEDY = SamplingParams(temperature=0.0)
+N = 32
+
+
+def run(engine, seq_id, prompt, chunk=512, n=N, **kw):
+    """One sequence alone: (tokens, state)."""
+    st = engine.start(seq_id, prompt, GREEDY, n, **kw)
+    first = None
+    while first is None:
+        first = engine.prefill(st, chunk)
+    toks = list(first.tokens)
+    while not st.done:
+        toks += engine.step([st])[0].tokens
+    engine.finish(st)
+    return toks, st
+
+
+@pytest.fixture(scope="module")
+def solo(model, threads):
+    return Engine(model, Context(model, ContextParams(n_ctx=4096, n_threads=threads)),
+                  SpecConfig(types=()))
+
+
+@pytest.fixture(scope="module")
+def prompts(model):
+    long = model.tokenize(edit_prompt("textwrap", "TextWrapper", "LineWrapper", lines=140))
+    short = model.tokenize(documents(1, 0, 0)[0].prompt)
+    assert len(long) > 1100 and 300 < len(short) < 1000
+    return long, short
+
+
+def test_long_prefill_interleaved_with_a_generating_slot(model, threads, solo, prompts, logit_log):
+    long, short = prompts
+    want_short, st = run(solo, 0, short)
+    ref_short = logit_log.pop(id(st.sampler))
+    want_long, st = run(solo, 0, long)
+    ref_long = logit_log.pop(id(st.sampler))
+    two = Engine(model, Context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads)),
+                 SpecConfig(types=("ngram-simple",)))
+    a = two.start(0, short, GREEDY, N)
+    first = None
+    while first is None:
+        first = two.prefill(a)
+    out_a, out_b = list(first.tokens), []
+    a_steps = [two.step([a])[0] for _ in range(3)]  # slot 0 is generating ...
+    out_a += [t for o in a_steps for t in o.tokens]
+    b = two.start(1, long, GREEDY, N)
+    for chunk in (128, 300, 512, 200, 512):  # ... while slot 1's prompt goes in, chunk by chunk
+        if not b.prefilling:
+            break
+        got = two.prefill(b, chunk)
+        if got is not None:
+            out_b += got.tokens
+        if not a.done:
+            outs = two.step([a, b])  # b joins the step once its prompt is in
+            out_a, out_b = out_a + outs[0].tokens, out_b + outs[1].tokens
+    while not (a.done and b.done):
+        outs = two.step([a, b])
+        out_a += outs[0].tokens
+        out_b += outs[1].tokens
+    assert out_a == want_short and out_b == want_long
+    assert logit_log[id(a.sampler)] == ref_short and logit_log[id(b.sampler)] == ref_long
+
+
+def test_prompt_cache_hit_equals_miss(model, threads, solo, prompts, logit_log):
+    long, _ = prompts
+    prefix = long[:900]
+    p1 = np.concatenate([prefix, model.tokenize("\n# first", add_special=False)])
+    p2 = np.concatenate([prefix, model.tokenize("\n# the second request asks this", add_special=False)])
+    miss, st = run(solo, 0, p2, cache_prompt=False)
+    ref = logit_log.pop(id(st.sampler))
+    assert st.n_cached == 0
+    run(solo, 0, p1)
+    hit, st = run(solo, 0, p2)
+    assert st.n_cached >= len(prefix) and hit == miss
+    assert logit_log[id(st.sampler)] == ref
+    again, st = run(solo, 0, p2)  # the whole prompt cached: only its last token is evaluated
+    assert st.n_cached == len(p2) - 1 and again == miss
+
+
+def test_short_prompts_are_never_reused(solo, model):
+    p = model.tokenize("The capital of France is")
+    run(solo, 0, p)
+    _, st = run(solo, 0, p)
+    assert st.n_cached == 0  # under 64 tokens: evaluated by the plain decode path, always
+
+
+def test_chunking_does_not_change_the_first_token_logits(solo, prompts, logit_log):
+    long, _ = prompts
+    hashes = []
+    for chunk in (128, 333, 512):
+        _, st = run(solo, 0, long, chunk=chunk, n=1, cache_prompt=False)
+        hashes.append(logit_log.pop(id(st.sampler)))
+    assert hashes[0] == hashes[1] == hashes[2]
