@@ -113,3 +113,12 @@ def _backend(load: dict, ray_address: str | None, actors: int | None, chunk_size
         raise ConfigError(f"--ray needs Ray: pip install 'ngramspec[ray]' ({e})") from None
     with err_console.status("starting Ray actors and loading the model on each ..."):
         return RayPool(load, None if ray_address == "auto" else ray_address, actors, chunk_size)
+
+
+for _p in batch.params:  # a pipeline's defaults: reproducible text, room for a document per slot
+    if _p.name == "temp":
+        _p.default = 0.0
+        _p.help = "temperature; 0 (the default here) = greedy: a re-run gives the same text"
+    elif _p.name == "ctx_size":
+        _p.default = 16384
+        _p.help = "context size in tokens, shared by the -np slots (each gets c / np)"
