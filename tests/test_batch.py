@@ -208,3 +208,23 @@ def test_resume_after_sigkill(tmp_path):
     assert sorted(x["id"] for x in final) == sorted(ids)
     strip = lambda xs: {x["id"]: (x["text"], x["finish_reason"]) for x in xs}  # noqa: E731
     assert strip(final) == strip(expected)
+
+
+@pytest.mark.parametrize("setup,args,message", [
+    (None, ["--actors", "2"], "--actors and --chunk-size need --ray"),
+    (None, ["-np", "0"], "-np/--parallel must be >= 1"),
+    ("hello\n{}\n", [], "line 1 is not a batch result"),
+])
+def test_command_refuses_bad_use_before_loading_the_model(tmp_path, setup, args, message):
+    from ngramspec.cli import main
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_input(inp, [{"id": 1, "prompt": "x"}])
+    if setup is not None:
+        out.write_text(setup)
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(out), *args], obj={})
+    assert r.exit_code == 2 and message in r.output and "Traceback" not in r.output
+    if setup is None:
+        assert not out.exists()
+    else:
+        assert out.read_text() == setup  # untouched

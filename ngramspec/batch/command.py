@@ -16,7 +16,8 @@ from ..errors import ConfigError
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("input_path", metavar="INPUT",
+                type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
               help="JSONL results, appended as records finish; re-running skips ids already there")
 @model_options
@@ -69,22 +70,23 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
     load = dict(model=model, n_slots=parallel, spec=spec, n_ctx=ctx_size, threads=threads,
                 defaults=defaults, model_draft=model_draft, draft_p_min=draft_p_min,
                 verbose=verbose)
-    backend = _backend(load, ray_address, actors, chunk_size)
-    tally = Tally(total=None if input_path == "-" else count_records(input_path))
     output = OutputFile(output_path)
+    done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
+    tally = Tally(total=None if input_path == "-" else count_records(input_path))
+    backend = _backend(load, ray_address, actors, chunk_size)
     try:
         with _open_input(input_path) as lines, Progress(err_console, tally) as progress:
             tally.t0 = time.perf_counter()
-            run_job(lines, output, backend.run, tally, ordered, progress.update)
-    finally:
+            run_job(lines, output, done, backend.run, tally, ordered, progress.update)
+    finally:  # the summary also when the job stops on an error: OUTPUT holds what finished
         output.close()
         tally.t_end = time.perf_counter()
         speed = backend.speed()
         backend.close()
-    if output.repaired_bytes:
-        err_console.print(f"batch: cut a truncated last line ({output.repaired_bytes} bytes) "
-                          f"from {output_path}; that record ran again")
-    err_console.print(summary_table(tally, speed, output_path, backend.describe()))
+        if output.repaired_bytes:
+            err_console.print(f"batch: cut a truncated last line ({output.repaired_bytes} "
+                              f"bytes) from {output_path}; that record ran again")
+        err_console.print(summary_table(tally, speed, output_path, backend.describe()))
     if summary_json:
         Path(summary_json).write_text(json.dumps(tally.as_dict(speed), indent=1))
     if tally.any_failed:

@@ -1,6 +1,6 @@
 """A batch job over files: INPUT lines in, OUTPUT lines out, resumable.
 
-    run_job(lines, output, run, tally, ordered)
+    run_job(lines, output, output.recover(), run, tally, ordered)
 
 `run` is a backend (`EngineRunner.run` on this machine, `RayPool.run` across
 machines): items in, one BatchResult per item out, as they finish.
@@ -24,9 +24,10 @@ from .results import BatchResult, in_order
 Backend = Callable[[Iterable[Record | BadRecord]], Iterator[BatchResult]]
 
 
-def run_job(lines: Iterable[str], output: OutputFile, run: Backend, tally: Tally,
-            ordered: bool = False, on_result: Callable[[], None] = lambda: None) -> None:
-    done = output.recover()
+def run_job(lines: Iterable[str], output: OutputFile, done: dict[str, bool], run: Backend,
+            tally: Tally, ordered: bool = False,
+            on_result: Callable[[], None] = lambda: None) -> None:
+    """`done`: what `output.recover()` found ({key: failed}), recovered before this call."""
     skipped: set[int] = set()
 
     def todo() -> Iterator[Record | BadRecord]:

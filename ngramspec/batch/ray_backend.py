@@ -78,6 +78,11 @@ class RayPool:
         cls = ray.remote(num_cpus=self.threads or 1, max_concurrency=CHUNKS_IN_FLIGHT)(BatchWorker)
         self.actors = [cls.options(scheduling_strategy="SPREAD").remote(load)
                        for _ in range(self.n_actors)]
+        try:  # every engine loaded before the job's clock starts
+            self.where()
+        except RayActorError as e:
+            self.close()
+            raise RuntimeError(f"a Ray actor could not load its engine: {e}") from None
         self.retried = 0  # records re-sent after their actor died
         self.lost_actors = 0
         self.last_error = ""

@@ -30,6 +30,8 @@ from .records import BadRecord, Record
 from .results import BatchResult
 from .speed import SpeedStats, StepTimer
 
+UNBOUNDED = 1 << 30  # the runner bounds what it submits; concurrent `run` calls add up
+
 
 @dataclass(frozen=True)
 class Defaults:
@@ -57,8 +59,8 @@ class EngineRunner:
         self.engine, self.defaults = engine, defaults
         self.timer = StepTimer(engine)
         self.n_ctx_slot = engine.ctx.n_ctx_seq
-        self.inflight = 2 * n_slots
-        self.scheduler = Scheduler(self.timer, n_slots, self.inflight, self.n_ctx_slot)
+        self.inflight = 2 * n_slots  # per `run` call; the scheduler's queue is unbounded
+        self.scheduler = Scheduler(self.timer, n_slots, UNBOUNDED, self.n_ctx_slot)
         self.scheduler.start()
 
     @classmethod
