@@ -30,6 +30,7 @@ class Tally:
     drafted: int = 0
     accepted: int = 0
     seq_steps: float = 0.0  # per-record verify steps, summed
+    after_first: int = 0  # generated tokens after each record's first (which the prompt gives)
     t0: float = field(default_factory=time.perf_counter)
     t_end: float | None = None
 
@@ -44,8 +45,10 @@ class Tally:
         self.cached_tokens += t.get("cache_n", 0)
         self.drafted += t.get("draft_n", 0)
         self.accepted += t.get("draft_n_accepted", 0)
+        n = max(t.get("predicted_n", 0) - 1, 0)
+        self.after_first += n
         if r.tokens_per_step > 0:
-            self.seq_steps += max(t.get("predicted_n", 0) - 1, 0) / r.tokens_per_step
+            self.seq_steps += n / r.tokens_per_step
 
     def skip(self, failed: bool) -> None:
         self.skipped += 1
@@ -65,8 +68,7 @@ class Tally:
 
     @property
     def tokens_per_step(self) -> float | None:
-        n = self.generated - self.done
-        return n / self.seq_steps if self.seq_steps else None
+        return self.after_first / self.seq_steps if self.seq_steps else None
 
     @property
     def remaining(self) -> int | None:

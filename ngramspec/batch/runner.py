@@ -106,6 +106,8 @@ class EngineRunner:
                 if not live:
                     return
                 job_id, ev = events.get()
+                if job_id not in live:  # never expected: nothing follows a final event
+                    continue
                 done = self._collect(live[job_id][1], ev)
                 if done is not None:
                     del live[job_id]
