@@ -228,3 +228,67 @@ def test_command_refuses_bad_use_before_loading_the_model(tmp_path, setup, args,
         assert not out.exists()
     else:
         assert out.read_text() == setup  # untouched
+
+
+# ------------------------------------------------------------------ the speedup estimate, no model
+
+
+class _Clock:
+    t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class _FakeEngine:
+    """Decodes cost BASE + PER_TOKEN * tokens; each step drafts `script(step)` per sequence."""
+
+    BASE, PER_TOKEN = 0.010, 0.002
+
+    def __init__(self, clock, script):
+        from types import SimpleNamespace
+
+        self.ctx = SimpleNamespace(per_seq_streams=True, n_ubatch=512, invariant=False)
+        self.clock, self.script, self.n = clock, script, 0
+
+    def step(self, seqs):
+        from ngramspec.engine import StepOutput
+
+        k, acc = self.script(self.n)
+        self.n += 1
+        self.clock.t += self.BASE + self.PER_TOKEN * len(seqs) * (1 + k)
+        return [StepOutput([1] * (acc + 1), drafted=k, accepted=acc) for _ in seqs]
+
+
+def _timed(script, n_seqs, steps):
+    from types import SimpleNamespace
+
+    from ngramspec.batch.speed import StepTimer
+
+    clock = _Clock()
+    timer = StepTimer(_FakeEngine(clock, script), clock=clock)
+    seqs = [SimpleNamespace(seq_id=i, n_hist=0, done=False, prefilling=False)
+            for i in range(n_seqs)]
+    for _ in range(steps):
+        timer.step(seqs)
+    return timer.summary()
+
+
+def test_plain_decodes_are_priced_by_the_runs_undrafted_steps():
+    """Every other step drafts 4 and keeps 3 (+1): it stands for 4 plain decodes."""
+    s = _timed(lambda i: (4, 3) if i % 2 else (0, 0), n_seqs=2, steps=20)
+    plain_decode = _FakeEngine.BASE + _FakeEngine.PER_TOKEN * 2
+    assert s.undrafted == 10 and s.plain_measured == 1.0
+    assert s.plain_seconds == pytest.approx((10 + 10 * 4) * plain_decode)
+    assert s.seconds == pytest.approx(10 * plain_decode + 10 * (_FakeEngine.BASE + 0.002 * 10))
+    assert s.speedup == pytest.approx(s.plain_seconds / s.seconds)
+    off = _timed(lambda i: (0, 0), n_seqs=3, steps=12)
+    assert off.speedup == pytest.approx(1.0)
+
+
+def test_an_occupancy_never_undrafted_is_priced_by_the_fitted_cost():
+    s = _timed(lambda i: (1 + i % 6, i % 6), n_seqs=1, steps=30)
+    assert s.undrafted == 0 and s.plain_measured == 0.0
+    produced = sum(i % 6 + 1 for i in range(30))
+    assert s.plain_seconds == pytest.approx(produced * (_FakeEngine.BASE + _FakeEngine.PER_TOKEN),
+                                            rel=0.05)

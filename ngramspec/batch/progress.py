@@ -103,6 +103,7 @@ class Tally:
         if speed is not None:
             d.update(verify_steps=speed.steps, undrafted_steps=speed.undrafted,
                      verify_seconds=speed.seconds, plain_seconds_estimate=speed.plain_seconds,
+                     plain_priced_by_undrafted_steps=speed.plain_measured,
                      speedup_over_plain=speed.speedup)
         return d
 
@@ -165,6 +166,6 @@ def summary_table(t: Tally, speed: SpeedStats | None, output: str, workers: str)
 def _speedup_text(speed: SpeedStats | None) -> str:
     if speed is None or speed.speedup is None:
         return "- (too few verify steps to measure)"
-    return (f"{speed.speedup:.2f}x ({speed.steps} verify steps, {speed.undrafted} undrafted; "
-            f"{speed.seconds:.1f} s vs {speed.plain_seconds:.1f} s plain, cost fitted on "
-            "this run's steps)")
+    return (f"{speed.speedup:.2f}x ({speed.seconds:.1f} s of {speed.steps} verify steps vs "
+            f"{speed.plain_seconds:.1f} s plain; plain decodes priced {speed.plain_measured:.0%} "
+            f"by this run's {speed.undrafted} undrafted steps, the rest by a cost fit on its steps)")
