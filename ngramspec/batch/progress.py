@@ -166,6 +166,10 @@ def summary_table(t: Tally, speed: SpeedStats | None, output: str, workers: str)
 def _speedup_text(speed: SpeedStats | None) -> str:
     if speed is None or speed.speedup is None:
         return "- (too few verify steps to measure)"
+    m = speed.plain_measured
+    how = (f"priced by this run's {speed.undrafted} undrafted steps" if m >= 0.9995 else
+           "priced by a cost fit on this run's steps" if m == 0 else
+           f"priced {m:.0%} by this run's {speed.undrafted} undrafted steps, the rest by a "
+           "cost fit on its steps")
     return (f"{speed.speedup:.2f}x ({speed.seconds:.1f} s of {speed.steps} verify steps vs "
-            f"{speed.plain_seconds:.1f} s plain; plain decodes priced {speed.plain_measured:.0%} "
-            f"by this run's {speed.undrafted} undrafted steps, the rest by a cost fit on its steps)")
+            f"{speed.plain_seconds:.1f} s plain, {how})")
