@@ -213,6 +213,7 @@ def test_resume_after_sigkill(tmp_path):
 @pytest.mark.parametrize("setup,args,message", [
     (None, ["--actors", "2"], "--actors and --chunk-size need --ray"),
     (None, ["-np", "0"], "-np/--parallel must be >= 1"),
+    (None, ["--ray", "--chunk-size", "0"], "--chunk-size must be >= 1"),
     ("hello\n{}\n", [], "line 1 is not a batch result"),
 ])
 def test_command_refuses_bad_use_before_loading_the_model(tmp_path, setup, args, message):

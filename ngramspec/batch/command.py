@@ -62,6 +62,9 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
         raise ConfigError(f"-np/--parallel must be >= 1, got {parallel}")
     if ray_address is None and (actors is not None or chunk_size is not None):
         raise ConfigError("--actors and --chunk-size need --ray")
+    for flag, v in (("--actors", actors), ("--chunk-size", chunk_size)):
+        if v is not None and v < 1:
+            raise ConfigError(f"{flag} must be >= 1, got {v}")
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
