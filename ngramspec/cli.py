@@ -1,4 +1,4 @@
-"""The `ngramspec` command line: generate, serve, bench, replay.
+"""The `ngramspec` command line: generate, serve, batch, bench, replay.
 
 Flags follow llama.cpp. Speculation flags are generated from
 `config.SPEC_OPTIONS`, so every command spells and validates them the same way.
@@ -504,6 +504,8 @@ def run() -> None:
 
 from .server.command import serve  # noqa: E402
 main.add_command(serve)
+from .batch.command import batch  # noqa: E402
+main.add_command(batch)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -29,7 +29,7 @@ from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, json_grammar, schema_grammar
 from . import metrics as metrics_mod
-from .chat import message_text, render_chat
+from .chat import chat_prompt
 from .errors import APIError, error_body, install_handlers, loading_error, to_api_error
 from ..generate import GenerationResponse
 from .scheduler import Event, Job, Scheduler
@@ -664,9 +664,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         body = await parse_body(request, ChatCompletionRequest)
         if body.tools:
             raise APIError("tools are not supported by this server", "not_supported_error")
-        msgs = [{"role": m.role, "content": message_text(m.content)} for m in body.messages]
         m = state.engine.model
-        text = render_chat(m.chat_template, msgs, bos=m.bos_text, eos=m.eos_text)
+        text = chat_prompt(m, body.messages)
         tokens = m.tokenize(text, add_special=True, parse_special=True)
         return await oai_run(body, request, tokens, text, chat=True)
 

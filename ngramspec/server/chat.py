@@ -75,3 +75,10 @@ def render_chat(template: str | None, messages: list[dict], bos: str = "", eos: 
     if bos and text.startswith(bos):
         text = text[len(bos):]
     return text
+
+
+def chat_prompt(model, messages) -> str:
+    """Prompt text for chat messages (objects with `role` and `content`) with the
+    model's template: what /v1/chat/completions and a batch record's `messages` run."""
+    msgs = [{"role": m.role, "content": message_text(m.content)} for m in messages]
+    return render_chat(model.chat_template, msgs, bos=model.bos_text, eos=model.eos_text)

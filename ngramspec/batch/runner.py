@@ -1,0 +1,169 @@
+"""Records through one engine: the server's in-process Scheduler, no HTTP.
+
+`EngineRunner.run(items)` is a generator: it pulls items lazily, keeps at most
+`inflight` records submitted (every slot busy plus as many waiting, so a slot
+that frees up is refilled within the same scheduler turn), and yields a
+`BatchResult` for every item as it finishes, in completion order.
+
+Invariants:
+- Every item pulled yields exactly one result: a `BadRecord` its error at once;
+  a record that cannot be prepared (prompt over the slot's context, bad
+  parameter) an error; a submitted record its text or its error event.
+- A record runs exactly as a server request with the same fields would (same
+  Scheduler, same Generation path), so greedy output does not depend on which
+  slot ran it or what ran beside it.
+- If the consumer stops early, the records still running are cancelled.
+"""
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Iterator
+
+from ..config import SpecConfig
+from ..errors import ConfigError
+from ..model import ContextOverflow
+from ..sampling import SamplingParams, schema_grammar
+from ..server.chat import chat_prompt
+from ..server.scheduler import Event, Job, Scheduler
+from .records import BadRecord, Record
+from .results import BatchResult
+from .speed import SpeedStats, StepTimer
+
+UNBOUNDED = 1 << 30  # the runner bounds what it submits; concurrent `run` calls add up
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """What a record gets for a field it does not set (the command's flags)."""
+
+    sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
+    n_predict: int = 256  # -1: until end of text or the slot is full
+    cache_prompt: bool = True
+
+
+@dataclass
+class _Running:
+    record: Record
+    parts: list[str] = field(default_factory=list)
+
+
+class EngineRunner:
+    """One engine with `n_slots` slots and its scheduler thread."""
+
+    def __init__(self, engine, n_slots: int, defaults: Defaults = Defaults()):
+        n_seq = engine.ctx.params.n_seq_max
+        if not 1 <= n_slots <= n_seq:
+            raise ConfigError(f"parallel must be between 1 and the engine's {n_seq} sequences, "
+                              f"got {n_slots}")
+        self.engine, self.defaults = engine, defaults
+        self.timer = StepTimer(engine)
+        self.n_ctx_slot = engine.ctx.n_ctx_seq
+        self.inflight = 2 * n_slots  # per `run` call; the scheduler's queue is unbounded
+        self.scheduler = Scheduler(self.timer, n_slots, UNBOUNDED, self.n_ctx_slot)
+        self.scheduler.start()
+
+    @classmethod
+    def load(cls, model: str | None, n_slots: int, spec: SpecConfig, n_ctx: int = 4096,
+             threads: int | None = None, defaults: Defaults = Defaults(), **kw) -> "EngineRunner":
+        """Load a model (None: the embedded one) with `n_slots` sequences sharing `n_ctx`."""
+        from ..runtime import load_engine
+
+        return cls(load_engine(model, kw.pop("model_draft", None), n_ctx, threads, spec,
+                               n_seq=n_slots, **kw), n_slots, defaults)
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+
+    def describe(self) -> str:
+        return (f"1 engine, {len(self.scheduler.slots)} slots, "
+                f"{self.engine.ctx.params.n_threads} thread(s)")
+
+    def speed(self) -> SpeedStats:
+        return self.timer.summary()
+
+    def run(self, items: Iterable[Record | BadRecord]) -> Iterator[BatchResult]:
+        """A result per item, as each finishes (see the module docstring)."""
+        events: queue.Queue = queue.Queue()
+        live: dict[int, tuple[Job, _Running]] = {}
+        source, more = iter(items), True
+        try:
+            while True:
+                while more and len(live) < self.inflight:
+                    item = next(source, None)
+                    if item is None:
+                        more = False
+                    elif isinstance(item, BadRecord):
+                        yield BatchResult.bad(item)
+                    else:
+                        try:
+                            job = self._job(item, events)
+                        except Exception as e:
+                            yield BatchResult.from_exception(item, e)
+                            continue
+                        live[job.id] = (job, _Running(item))
+                        self.scheduler.submit(job)
+                if not live:
+                    return
+                job_id, ev = events.get()
+                if job_id not in live:  # never expected: nothing follows a final event
+                    continue
+                done = self._collect(live[job_id][1], ev)
+                if done is not None:
+                    del live[job_id]
+                    yield done
+        finally:
+            for job, _ in live.values():
+                self.scheduler.cancel(job)
+
+    @staticmethod
+    def _collect(run: _Running, ev: Event) -> BatchResult | None:
+        """Add one event to a running record; its result once it is final."""
+        if ev.error is not None:
+            return BatchResult.from_exception(run.record, ev.error)
+        run.parts.append(ev.text)
+        r = ev.response
+        if r is None or not r.final:
+            return None
+        rec = run.record
+        return BatchResult(rec.id, rec.line, rec.index, "".join(run.parts), r.finish_reason,
+                           r.timings(), r.tokens_per_step)
+
+    def _job(self, rec: Record, events: queue.Queue) -> Job:
+        """The scheduler job of a record (raises what is wrong with it)."""
+        b, model = rec.body, self.engine.model
+        text = chat_prompt(model, b.messages) if b.messages is not None else b.prompt
+        if not text:
+            raise ConfigError("the prompt is empty")
+        tokens = model.tokenize(text, add_special=True, parse_special=True)
+        if len(tokens) >= self.n_ctx_slot:
+            raise ContextOverflow(len(tokens), self.n_ctx_slot)
+        room = self.n_ctx_slot - len(tokens)
+        want = self.defaults.n_predict if b.n_predict is None else b.n_predict
+        speculative, spec = self._speculation(b)
+        job = Job(prompt=tokens, sampling=self._sampling(b),
+                  n_predict=room if want < 0 else min(want, room), speculative=speculative,
+                  spec=spec, stop=b.stop_list(), sink=lambda ev: None,
+                  truncate_at_length=want < 0 or want > room,
+                  cache_prompt=self.defaults.cache_prompt)
+        job.sink = lambda ev, job_id=job.id: events.put((job_id, ev))
+        return job
+
+    def _sampling(self, b) -> SamplingParams:
+        s = self.defaults.sampling
+        grammar = s.grammar
+        if b.grammar is not None:
+            grammar = b.grammar
+        elif b.json_schema is not None:
+            grammar = schema_grammar(b.json_schema or {"type": "object"})
+        seed = s.seed if b.seed is None else (0xFFFFFFFF if b.seed == -1 else b.seed)
+        temperature = s.temperature if b.temperature is None else b.temperature
+        return replace(s, temperature=temperature, seed=seed, grammar=grammar)
+
+    def _speculation(self, b) -> tuple[bool, SpecConfig | None]:
+        """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""
+        from ..server.app import spec_override
+
+        base = self.engine.spec
+        cfg = base if b.speculative is None else spec_override(base, b.speculative)
+        return cfg.enabled or self.engine.draft_drafter is not None, (None if cfg == base else cfg)
