@@ -42,15 +42,19 @@ def make_engine(model, threads):
 @pytest.fixture
 def logit_log(monkeypatch):
     """Every sampled row's logit hash, per Sampler object (one per sequence): a test
-    compares them with a reference run to catch a difference before it flips a token."""
+    compares them with a reference run to catch a difference before it flips a token.
+    Every logged Sampler is kept alive, so that its id() is never reused by a later one."""
     import xxhash
 
     from ngramspec.sampling import Sampler
 
     log: dict[int, list[str]] = {}
+    alive: list = []
     orig = Sampler.sample
 
     def sample(self, index):
+        if id(self) not in log:
+            alive.append(self)
         log.setdefault(id(self), []).append(xxhash.xxh64(self.ctx.logits_at(index)).hexdigest())
         return orig(self, index)
 
