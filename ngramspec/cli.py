@@ -1,7 +1,9 @@
 """The `ngramspec` command line: generate, serve, batch, bench, replay.
 
-Flags follow llama.cpp. Speculation flags are generated from
-`config.SPEC_OPTIONS`, so every command spells and validates them the same way.
+Flags follow llama.cpp. The flags the commands share (model, sampling,
+speculation, server) are generated from the one table in `flags.py`, so every
+command spells and validates them the same way. The commands import `flags`, never
+each other: this module registers `serve` and `batch`, which do not import it.
 Errors the user can fix exit non-zero with one line on stderr, no traceback
 (pass --verbose for one).
 """
@@ -13,15 +15,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 import click
-from rich.console import Console
 from rich.table import Table
 
-from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, valid_types_text
+from . import flags
+from .console import err_console, out_console
 from .errors import ConfigError, NgramSpecError, TokenError
-
-err_console = Console(stderr=True)
-# tables stay readable when piped (rich would wrap them at 80 columns)
-out_console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 class CliGroup(click.Group):
@@ -45,39 +43,6 @@ class CliGroup(click.Group):
                                        "a traceback)") from None
 
 
-def spec_options(default_type: str = "auto", default_policy: str = "cost") -> Callable:
-    """Decorator adding --spec-type, --spec-pool-mib and every SPEC_OPTIONS flag."""
-
-    def decorate(f: Callable) -> Callable:
-        for opt in reversed(SPEC_OPTIONS):
-            f = click.option(*opt.flags, opt.dest, type=int, default=None, help=opt.help)(f)
-        f = click.option("--spec-pool-mib", "spec_pool_mib", type=int, default=None,
-                         help="shared hash pool size in MiB, a power of two (default: 16)")(f)
-        f = click.option("--spec-type", "spec_type", default=default_type, show_default=True,
-                         help=f"comma list of speculation types, first draft wins ({valid_types_text()})")(f)
-        f = click.option("--draft-policy", "draft_policy", type=click.Choice(["cost", "fixed"]),
-                         default=default_policy, show_default=True,
-                         help="cost: draft lengths from measured verify cost and acceptance; "
-                              "fixed: llama.cpp's lengths")(f)
-        return f
-
-    return decorate
-
-
-def config_from_kwargs(kwargs: dict[str, Any]) -> SpecConfig:
-    """Pop the speculation flags out of a command's kwargs into one SpecConfig."""
-    dests = [o.dest for o in SPEC_OPTIONS]
-    opts = {d: kwargs.pop(d) for d in dests if d in kwargs}
-    mib = kwargs.pop("spec_pool_mib", None)
-    pool = None
-    if mib is not None:
-        if mib < 1:
-            raise ConfigError(f"--spec-pool-mib must be >= 1, got {mib}")
-        pool = mib << 20
-    return spec_config_from_options(spec_type=kwargs.pop("spec_type", None), pool_bytes=pool,
-                                    policy=kwargs.pop("draft_policy", None), **opts)
-
-
 @click.group(cls=CliGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--verbose", is_flag=True, help="show tracebacks and llama.cpp logs")
 @click.version_option(package_name="ngramspec")
@@ -93,7 +58,7 @@ def main(ctx: click.Context, verbose: bool) -> None:
 
 @main.command()
 @click.argument("streams", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@spec_options(default_type="ngram-mod", default_policy="fixed")
+@flags.options("replay")
 @click.option("--max-draft", type=int, default=None, help="cap every draft (default: none)")
 @click.option("--cost-history", type=int, default=8192, show_default=True,
               help="history length for the per-call cost benchmark (0 skips it)")
@@ -108,7 +73,7 @@ def replay(streams: tuple[str, ...], max_draft: int | None, cost_history: int, a
     from .replay import drafter_cost, load_stream, replay_types
     from .config import SPEC_TYPES
 
-    config = config_from_kwargs(kwargs)
+    config = flags.spec_from_values(kwargs, need_draft=False)
     if config.auto:
         raise ConfigError("replay runs without a model, so it cannot measure the verify cost "
                           "that 'auto' needs; name spec types instead (e.g. --spec-type ngram-mod)")
@@ -155,74 +120,6 @@ def _print_replay(name, n_prompt, n_gen, rows, costs, selected) -> None:
 # ------------------------------------------------------------------ generate
 
 
-def model_options(f: Callable) -> Callable:
-    """-m/-md/-c/-t/-np shared by generate, serve and bench."""
-    for opt in reversed([
-        click.option("-m", "--model", "model", default=None,
-                     help="GGUF model path (default: the embedded Gemma 3 270M Q4_K_M)"),
-        click.option("-md", "--model-draft", "--spec-draft-model", "model_draft", default=None,
-                     help="draft model GGUF (same vocabulary); drafts when the n-gram chain has nothing"),
-        click.option("-c", "--ctx-size", "ctx_size", type=int, default=4096, show_default=True,
-                     help="context size in tokens"),
-        click.option("-t", "--threads", "threads", type=int, default=None,
-                     help="CPU threads (default: all cores)"),
-    ]):
-        f = opt(f)
-    return f
-
-
-def sampling_options(f: Callable) -> Callable:
-    for opt in reversed([
-        click.option("-n", "--n-predict", "n_predict", type=int, default=256, show_default=True,
-                     help="tokens to generate (-1: until end of text or context)"),
-        click.option("--temp", "temp", type=float, default=0.8, show_default=True,
-                     help="temperature; 0 = greedy (exactly reproduces spec-off output)"),
-        click.option("--top-k", type=int, default=40, show_default=True),
-        click.option("--top-p", type=float, default=0.95, show_default=True),
-        click.option("--min-p", type=float, default=0.05, show_default=True),
-        click.option("--repeat-penalty", type=float, default=1.0, show_default=True),
-        click.option("--repeat-last-n", type=int, default=64, show_default=True),
-        click.option("-s", "--seed", type=int, default=-1, show_default=True,
-                     help="RNG seed (-1: random)"),
-        click.option("--grammar", default=None, help="GBNF grammar constraining the output"),
-        click.option("--grammar-file", type=click.Path(dir_okay=False), default=None),
-        click.option("-j", "--json-schema", "json_schema", default=None,
-                     help="JSON schema constraining the output ('{}': any JSON object)"),
-        click.option("--draft-p-min", "--spec-draft-p-min", "draft_p_min", type=float,
-                     default=0.0, show_default=True,
-                     help="draft model: stop drafting below this greedy probability"),
-    ]):
-        f = opt(f)
-    return f
-
-
-def sampling_from_kwargs(kw: dict[str, Any]):
-    """Pop sampling flags into SamplingParams (grammar from --grammar/-file/-j)."""
-    from .sampling import SamplingParams, schema_grammar
-
-    grammar = kw.pop("grammar")
-    gfile = kw.pop("grammar_file")
-    schema = kw.pop("json_schema")
-    if sum(x is not None for x in (grammar, gfile, schema)) > 1:
-        raise ConfigError("use only one of --grammar, --grammar-file and --json-schema")
-    if gfile is not None:
-        try:
-            grammar = Path(gfile).read_text()
-        except OSError as e:
-            raise ConfigError(f"cannot read --grammar-file {gfile}: {e.strerror}") from None
-    if schema is not None:
-        try:
-            parsed = json.loads(schema)
-        except ValueError as e:
-            raise ConfigError(f"--json-schema is not valid JSON: {e}") from None
-        grammar = schema_grammar(parsed if parsed else {"type": "object"})
-    seed = kw.pop("seed")
-    return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
-                          min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
-                          repeat_last_n=kw.pop("repeat_last_n"),
-                          seed=0xFFFFFFFF if seed < 0 else seed, grammar=grammar)
-
-
 def read_prompt(prompt: str | None, file: str | None) -> str:
     if prompt is not None and file is not None:
         raise ConfigError("use either -p/--prompt or -f/--file, not both")
@@ -238,34 +135,30 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
     return prompt
 
 
-@main.command()
-@model_options
+@main.command(context_settings=flags.CONTEXT_SETTINGS)
 @click.option("-p", "--prompt", default=None, help="prompt text")
 @click.option("-f", "--file", "prompt_file", default=None, help="read the prompt from a file")
-@sampling_options
-@spec_options()
+@flags.options("generate")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
-@click.option("--verbose", "verbose_cmd", is_flag=True, help="tracebacks and llama.cpp logs")
-@click.option("--no-batch-invariance", "fast", is_flag=True,
-              help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
-                   "Also set GGML_CPU_TILED_MM=1 in the environment for the tiled matmul")
 @click.pass_context
 def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, prompt_file,
-             n_predict, draft_p_min, as_json, verbose_cmd, fast, **kw) -> None:
+             n_predict, draft_p_min, as_json, verbose, no_batch_invariance, **kw) -> None:
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
     from .generate import stream_generate
     from .runtime import load_engine
     from .stats import acceptance_line
 
-    if verbose_cmd:
+    if verbose:
         ctx.obj["verbose"] = True
     text = read_prompt(prompt, prompt_file)
-    sampling = sampling_from_kwargs(kw)
-    spec = config_from_kwargs(kw)
+    options = flags.load_options(kw)
+    sampling = flags.sampling_from_values(kw)
+    spec = flags.spec_from_values(kw, model_draft)
     with err_console.status("loading model ..."):
         engine = load_engine(model, model_draft, ctx_size, threads, spec, n_seq=1,
                              verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min,
-                             notify=lambda line: err_console.print(line), batch_invariant=not fast)
+                             notify=lambda line: err_console.print(line),
+                             batch_invariant=not no_batch_invariance, options=options)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
                              speculative=engine.spec.enabled or engine.draft_drafter is not None):
@@ -297,11 +190,9 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
 # ------------------------------------------------------------------ bench
 
 
-@main.command()
+@main.command(context_settings=flags.CONTEXT_SETTINGS)
 @click.argument("prompt_files", nargs=-1, type=click.Path(dir_okay=False))
-@model_options
-@spec_options(default_type="ngram-simple,ngram-map-k,ngram-map-k4v,ngram-mod,auto")
-@click.option("-n", "--n-predict", "n_predict", type=int, default=256, show_default=True)
+@flags.options("bench")
 @click.option("--reps", type=int, default=2, show_default=True, help="runs per mode (interleaved)")
 @click.option("--workloads", default=None,
               help="comma list of fixture workloads to run (default: all; 'none' for only files)")
@@ -311,9 +202,6 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
               help="write a PNG chart of the speedups here")
 @click.option("--llama-server", "llama_server", default=None,
               help="path of a C++ llama-server binary to run on the same prompts and types")
-@click.option("--no-batch-invariance", "fast", is_flag=True,
-              help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
-                   "Also set GGML_CPU_TILED_MM=1 in the environment for the tiled matmul")
 @click.option("--parallel", default=None,
               help="pipeline mode: comma list of slot counts (e.g. 1,4,8); documents go through "
                    "`ngramspec serve -np N` with N concurrent clients (and --llama-server's)")
@@ -325,8 +213,8 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
               show_default=True, help="pipeline mode: llama-server spec types to run")
 @click.pass_context
 def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
-          reps, workloads, no_oracle, json_out, plot_path, llama_server, fast, parallel, docs,
-          n_docs, peer_types, **kw) -> None:
+          reps, workloads, no_oracle, json_out, plot_path, llama_server, no_batch_invariance,
+          parallel, docs, n_docs, peer_types, verbose, **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
@@ -345,10 +233,14 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     from .policy import CostPolicy
     from .runtime import load_engine
 
+    fast = no_batch_invariance
+    if verbose:
+        ctx.obj["verbose"] = True
     mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
     for t in mode_types:
         parse_spec_types(t)  # each mode is validated on its own
-    spec = config_from_kwargs(kw)
+    spec = flags.spec_from_values(kw, model_draft)
+    options = flags.load_options(kw)
     if reps < 1 or n_predict < 1:
         raise ConfigError("--reps and -n must be >= 1")
     works = B.fixture_workloads()
@@ -366,7 +258,8 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     with err_console.status("loading model and measuring the decode cost ..."):
         base = load_engine(model, model_draft, ctx_size, threads,
                            spec.with_types("auto"), verbose=bool(ctx.obj.get("verbose")),
-                           batch_invariant=not fast)
+                           batch_invariant=not fast, options=options,
+                           notify=lambda line: err_console.print(line))
     m, context, cost = base.model, base.ctx, base.policy.cost
     threads = context.params.n_threads
 

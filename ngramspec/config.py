@@ -23,6 +23,10 @@ SPEC_TYPES: tuple[str, ...] = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "
 #: the engine pick drafters and lengths from measured cost and acceptance.
 OFF_TYPES = ("none",)
 AUTO = "auto"
+#: llama.cpp's draft-model speculation types (common/speculative.cpp). Here each one
+#: means "draft with the -md/--model-draft model" (a plain draft model: no EAGLE-3,
+#: MTP or DFlash heads); they add no n-gram drafter to the chain.
+DRAFT_MODEL_TYPES = ("draft-simple", "draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark")
 POLICIES = ("fixed", "cost")
 NGRAM_LIMIT = 1024  # llama.cpp's bound for every n-gram size (inclusive)
 DEFAULT_POOL_BYTES = 16 << 20
@@ -102,17 +106,25 @@ class SpecConfig:
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
     """Parse llama.cpp's `--spec-type` value: a comma list, or "none".
 
+    llama.cpp's draft-model types (`DRAFT_MODEL_TYPES`) add nothing to the n-gram
+    chain: the -md model drafts when the chain has nothing (`uses_draft_model`
+    tells the caller to insist on -md).
+
     >>> parse_spec_types("ngram-mod,ngram-map-k4v")
     ('ngram-mod', 'ngram-map-k4v')
     >>> parse_spec_types("none")
     ()
+    >>> parse_spec_types("draft-simple,ngram-mod")
+    ('ngram-mod',)
     """
     if value is None:
         return ()
-    items = value.split(",") if isinstance(value, str) else list(value)
-    names = [str(v).strip().lower() for v in items if str(v).strip()]
+    names = _type_names(value)
     if not names:
         raise ConfigError(f"--spec-type is empty; valid values: {valid_types_text()}")
+    names = [n for n in names if n not in DRAFT_MODEL_TYPES]  # the -md model drafts
+    if not names:
+        return ()
     if any(n in OFF_TYPES for n in names):
         if len(names) > 1:
             raise ConfigError("--spec-type 'none' cannot be combined with other types")
@@ -122,13 +134,26 @@ def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:
             raise ConfigError("--spec-type 'auto' cannot be combined with other types")
         return (AUTO,)
     unknown = [n for n in names if n not in SPEC_TYPES]
+    if "ngram-cache" in unknown:
+        raise ConfigError("spec type 'ngram-cache' (llama.cpp's lookup-cache drafter) is not "
+                          "implemented here; use ngram-map-k, ngram-mod or auto")
     if unknown:
         raise ConfigError(f"unknown spec type {unknown[0]!r}; valid values: {valid_types_text()}")
     return tuple(dict.fromkeys(names))  # keep order, drop repeats
 
 
+def _type_names(value: str | Sequence[str]) -> list[str]:
+    items = value.split(",") if isinstance(value, str) else list(value)
+    return [str(v).strip().lower() for v in items if str(v).strip()]
+
+
+def uses_draft_model(value: str | Sequence[str] | None) -> bool:
+    """Whether a `--spec-type` value names one of llama.cpp's draft-model types."""
+    return value is not None and any(n in DRAFT_MODEL_TYPES for n in _type_names(value))
+
+
 def valid_types_text() -> str:
-    return ", ".join(SPEC_TYPES + (AUTO,) + OFF_TYPES)
+    return ", ".join(SPEC_TYPES + (AUTO,) + OFF_TYPES + DRAFT_MODEL_TYPES)
 
 
 def _check_range(what: str, value: Any, lo: int, hi: int | None = None) -> None:

@@ -113,12 +113,13 @@ class Model:
     """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, verbose: bool = False,
-                 use_extra_bufts: bool = False):
+                 use_extra_bufts: bool = False, n_gpu_layers: int = 0, load_mode: int = -1):
         lc = _llama()
         self.path = check_model_file(path or default_model_path())
         _quiet_logs(verbose)
         params = lc.llama_model_default_params()
-        params.n_gpu_layers = 0
+        params.n_gpu_layers = n_gpu_layers  # -ngl; negative: all (a CPU build has no GPU)
+        params.load_mode = load_mode  # llama_load_mode: -1 auto, 0 none, 1 mmap, 2 mlock, ...
         # repacked weights use a gemm kernel for groups of 4 columns and gemv for the
         # rest: a token's logits would depend on its place in the batch
         params.use_extra_bufts = use_extra_bufts
@@ -213,9 +214,12 @@ class ContextParams:
     n_batch: int = 512
     n_seq_max: int = 1
     n_threads: int = 2
-    flash_attn: bool = True
+    flash_attn: bool | None = True  # None: llama.cpp decides (auto)
     swa_full: bool = True  # SWA cache at full size: rollbacks never lose window cells
     batch_invariant: bool = True
+    n_ubatch: int | None = None  # None: n_batch
+    n_threads_batch: int | None = None  # None: n_threads
+    kv_unified: bool | None = None  # honoured only when not batch-invariant
 
 
 class Context:
@@ -227,15 +231,17 @@ class Context:
         cp = lc.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
-        cp.n_ubatch = params.n_batch
+        cp.n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch)
         cp.n_seq_max = params.n_seq_max
         cp.n_threads = params.n_threads
-        cp.n_threads_batch = params.n_threads
-        cp.flash_attn_type = 1 if params.flash_attn else 0
+        cp.n_threads_batch = params.n_threads_batch or params.n_threads
+        cp.flash_attn_type = -1 if params.flash_attn is None else int(params.flash_attn)
         cp.swa_full = params.swa_full
         # invariant: one KV stream per sequence, so a sequence's cells never
         # interleave with other slots' (summation order would depend on them)
-        cp.kv_unified = not (params.batch_invariant and params.n_seq_max > 1)
+        per_seq = params.batch_invariant and params.n_seq_max > 1
+        free = params.kv_unified is not None and not params.batch_invariant
+        cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:

@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Callable
 
 from .config import SpecConfig
 from .engine import Engine
 from .errors import ConfigError
-from .model import Context, ContextParams, Model
+from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
 from .policy import CostPolicy
 
@@ -16,15 +17,60 @@ def default_threads() -> int:
     return max(os.cpu_count() or 1, 1)
 
 
+@dataclass(frozen=True)
+class LoadOptions:
+    """llama.cpp settings a user may set on the command line (-b, -ub, -fa, -kvu, -tb,
+    -ngl, --load-mode); `context_params` decides what of them is applied."""
+
+    n_batch: int = 512
+    n_ubatch: int | None = None
+    flash_attn: str = "auto"  # on | off | auto
+    kv_unified: bool | None = None
+    threads_batch: int | None = None
+    n_gpu_layers: int = 0
+    load_mode: int = -1
+
+
+def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
+                   batch_invariant: bool) -> tuple[ContextParams, list[str]]:
+    """The context settings for `opts`, and one line per setting changed to keep
+    exactness (docs/exactness.md, "Command-line flags and exactness").
+
+    Batch-invariant: flash attention stays on; one KV stream per slot; -b and -ub
+    are at least TILED_PREFILL_MIN (64) so prompts take the tiled path (rule T);
+    -ub is at most -b (as llama.cpp clamps it). Otherwise every value is applied."""
+    notes = []
+    n_batch, n_ubatch = opts.n_batch, min(opts.n_ubatch or opts.n_batch, opts.n_batch)
+    fa = {"on": True, "off": False, "auto": None}[opts.flash_attn]
+    kvu = opts.kv_unified
+    if batch_invariant:
+        if fa is False:
+            notes.append("-fa off would break exactness (batch invariance needs flash "
+                         "attention): flash attention stays on; --no-batch-invariance allows off")
+        fa = True
+        if kvu and n_seq > 1:
+            notes.append("--kv-unified would break exactness (slots' KV cells would "
+                         "interleave): one KV stream per slot; --no-batch-invariance allows it")
+        kvu = None
+        if n_ubatch < TILED_PREFILL_MIN:
+            notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
+                         f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
+            n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
+    return ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq,
+                         n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
+                         kv_unified=kvu, batch_invariant=batch_invariant), notes
+
+
 def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
                 spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
                 draft_p_min: float = 0.0, n_batch: int = 512,
                 notify: Callable[[str], None] = lambda line: None,
-                batch_invariant: bool = True) -> Engine:
+                batch_invariant: bool = True, options: LoadOptions | None = None) -> Engine:
     """Load the target (and optional draft) model and return a ready Engine.
 
     With spec type auto, free memory decides whether the draft model is loaded
-    and whether speculation runs at all; `notify` gets the one-line reason.
+    and whether speculation runs at all; `notify` gets the one-line reason, and
+    one line per llama.cpp setting kept for exactness (`context_params`).
     """
     plan = plan_auto(spec, draft_path, available_bytes())
     if plan.note:
@@ -37,9 +83,13 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     if n_seq < 1:
         raise ConfigError(f"-np/--parallel must be >= 1, got {n_seq}")
     threads = threads or default_threads()
-    model = Model(model_path, verbose=verbose, use_extra_bufts=not batch_invariant)
-    ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_seq_max=n_seq,
-                                       n_threads=threads, batch_invariant=batch_invariant))
+    opts = options or LoadOptions(n_batch=n_batch)
+    cparams, notes = context_params(n_ctx, n_seq, threads, opts, batch_invariant)
+    for line in notes:
+        notify(line)
+    model = Model(model_path, verbose=verbose, use_extra_bufts=not batch_invariant,
+                  n_gpu_layers=opts.n_gpu_layers, load_mode=opts.load_mode)
+    ctx = Context(model, cparams)
     dd = None
     if draft_path is not None:
         from .draft_model import DraftModelDrafter

@@ -10,21 +10,17 @@ from typing import Any
 
 import click
 
-from ..cli import (config_from_kwargs, err_console, model_options, sampling_from_kwargs,
-                   sampling_options, spec_options)
+from .. import flags
+from ..console import err_console
 from ..errors import ConfigError
 
 
-@click.command()
+@click.command(context_settings=flags.CONTEXT_SETTINGS)
 @click.argument("input_path", metavar="INPUT",
                 type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
               help="JSONL results, appended as records finish; re-running skips ids already there")
-@model_options
-@sampling_options
-@spec_options()
-@click.option("-np", "--parallel", "parallel", type=int, default=4, show_default=True,
-              help="slots per engine: records decoded together")
+@flags.options("batch")
 @click.option("--ordered", is_flag=True, help="write OUTPUT in INPUT order (default: as finished)")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None,
               metavar="[ADDRESS]", help="spread records over a Ray cluster (pip install "
@@ -36,11 +32,10 @@ from ..errors import ConfigError
               help="with --ray: records an actor pulls at a time (default: -np)")
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None,
               help="also write the summary's numbers here as JSON")
-@click.option("--verbose", "verbose_cmd", is_flag=True, help="tracebacks and llama.cpp logs")
 @click.pass_context
 def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_size, threads,
           n_predict, draft_p_min, parallel, ordered, ray_address, actors, chunk_size,
-          summary_json, verbose_cmd, **kw: Any) -> None:
+          summary_json, verbose, **kw: Any) -> None:
     """Run every record of INPUT (JSONL, '-' for stdin) and append one result line per
     record to OUTPUT.
 
@@ -56,7 +51,7 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
     from .progress import Progress, Tally, summary_table
     from .runner import Defaults
 
-    verbose = bool(verbose_cmd or ctx.obj.get("verbose"))
+    verbose = bool(verbose or ctx.obj.get("verbose"))
     ctx.obj["verbose"] = verbose
     if parallel < 1:
         raise ConfigError(f"-np/--parallel must be >= 1, got {parallel}")
@@ -68,11 +63,11 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
-    defaults = Defaults(sampling_from_kwargs(kw), n_predict)
-    spec = config_from_kwargs(kw)
+    defaults = Defaults(flags.sampling_from_values(kw), n_predict)
+    spec = flags.spec_from_values(kw, model_draft)
     load = dict(model=model, n_slots=parallel, spec=spec, n_ctx=ctx_size, threads=threads,
                 defaults=defaults, model_draft=model_draft, draft_p_min=draft_p_min,
-                verbose=verbose)
+                verbose=verbose, options=flags.load_options(kw))
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
     tally = Tally(total=None if input_path == "-" else count_records(input_path))
@@ -118,12 +113,3 @@ def _backend(load: dict, ray_address: str | None, actors: int | None, chunk_size
         raise ConfigError(f"--ray needs Ray: pip install 'ngramspec[ray]' ({e})") from None
     with err_console.status("starting Ray actors and loading the model on each ..."):
         return RayPool(load, None if ray_address == "auto" else ray_address, actors, chunk_size)
-
-
-for _p in batch.params:  # a pipeline's defaults: reproducible text, room for a document per slot
-    if _p.name == "temp":
-        _p.default = 0.0
-        _p.help = "temperature; 0 (the default here) = greedy: a re-run gives the same text"
-    elif _p.name == "ctx_size":
-        _p.default = 16384
-        _p.help = "context size in tokens, shared by the -np slots (each gets c / np)"

@@ -29,11 +29,12 @@ from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, json_grammar, schema_grammar
 from . import metrics as metrics_mod
-from .chat import chat_prompt
+from .chat import chat_prompt, chosen_template
 from .errors import APIError, error_body, install_handlers, loading_error, to_api_error
 from ..generate import GenerationResponse
+from .embeddings import embedding_router
 from .scheduler import Event, Job, Scheduler
-from .settings import ServerSettings
+from .settings import ServerSettings, load_options
 from .types import (ChatCompletionRequest, CompletionRequest, NativeCompletionRequest,
                     SpeculativeParams, _Generation, _OpenAI)
 
@@ -56,7 +57,8 @@ class ServerState:
 
     @property
     def model_id(self) -> str:
-        return self.engine.model.path.name if self.engine is not None else "loading"
+        """--alias's first name, else the model file's name."""
+        return self.settings.model_id(self.engine.model.path.name if self.engine else "loading")
 
     def load(self, engine_factory: Callable | None = None) -> None:
         """Load the model and start the scheduler (runs in a background thread)."""
@@ -70,7 +72,9 @@ class ServerState:
 
                 engine = load_engine(s.model, s.model_draft, s.n_ctx, s.threads, s.spec,
                                      n_seq=s.n_parallel, verbose=s.verbose,
-                                     draft_p_min=s.draft_p_min, notify=log.warning)
+                                     draft_p_min=s.draft_p_min, notify=log.warning,
+                                     batch_invariant=not s.no_batch_invariance,
+                                     options=load_options(s))
             else:
                 engine = engine_factory()
             self.n_ctx_slot = engine.ctx.n_ctx // s.n_parallel
@@ -255,7 +259,9 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
                     n_predict=room if want < 0 else min(want, room),
                     truncate_at_length=want < 0 or want > room, speculative=speculative,
-                    spec=spec, stop=req.stop_list(), cache_prompt=req.cache_prompt,
+                    spec=spec, stop=req.stop_list(),
+                    cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
+                    else req.cache_prompt,
                     prediction=_prediction(state, req))
 
 
@@ -415,12 +421,11 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     install_handlers(app)
 
     def require_key(request: Request) -> None:
-        key = settings.api_key
-        if not key:
+        if not settings.api_keys:
             return
         auth = request.headers.get("authorization", "")
         given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
-        if not hmac.compare_digest(given.encode(), key.encode()):
+        if not any(hmac.compare_digest(given.encode(), k.encode()) for k in settings.api_keys):
             raise APIError("Invalid API Key", "authentication_error")
 
     def require_ready() -> None:
@@ -444,8 +449,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     async def models():
         m = state.engine.model
         return {"object": "list", "data": [{
-            "id": state.model_id, "object": "model", "created": state.created,
-            "owned_by": "ngramspec",
+            "id": state.model_id, "aliases": list(settings.alias), "tags": list(settings.tags),
+            "object": "model", "created": state.created, "owned_by": "ngramspec",
             "meta": {"n_vocab": m.n_vocab, "n_ctx_train": m.n_ctx_train,
                      "n_ctx": state.engine.ctx.n_ctx, "n_ctx_slot": state.n_ctx_slot,
                      "total_slots": settings.n_parallel}}]}
@@ -498,7 +503,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                    "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1,
                                   "n_decoded": 0, "stopping_word": ""}}
         return {"default_generation_settings": default, "total_slots": settings.n_parallel,
-                "model_path": str(m.path), "chat_template": m.chat_template or "",
+                "model_path": str(m.path), "model_alias": state.model_id,
+                "chat_template": chosen_template(settings) or m.chat_template or "",
                 "chat_template_caps": {}, "modalities": {"vision": False, "audio": False},
                 "build_info": f"ngramspec {version}", "is_sleeping": False,
                 "n_ctx": state.engine.ctx.n_ctx, "queue_size": settings.queue_size,
@@ -510,6 +516,9 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
 
     @api.get("/slots")
     async def slots(fail_on_no_slot: int = 0):
+        if not settings.slots:
+            raise APIError("This server does not support slots endpoint. Start it with `--slots`",
+                           "not_supported_error")
         out = [slot_json(s) for s in state.scheduler.slots]
         if fail_on_no_slot and all(s["is_processing"] for s in out):
             raise APIError("no slot available", "unavailable_error")
@@ -665,10 +674,11 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         if body.tools:
             raise APIError("tools are not supported by this server", "not_supported_error")
         m = state.engine.model
-        text = chat_prompt(m, body.messages)
+        text = chat_prompt(m, body.messages, settings)
         tokens = m.tokenize(text, add_special=True, parse_special=True)
         return await oai_run(body, request, tokens, text, chat=True)
 
     app.include_router(public)
     app.include_router(api)
+    app.include_router(embedding_router(state, settings, [Depends(require_key)]))
     return app

@@ -143,11 +143,14 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def shutdown(self, timeout: float = 10.0, wait: bool = True) -> None:
+        """Stop the thread: after its current decode it fails every running and waiting
+        job with "the server is shutting down" (so no request waits for more tokens).
+        wait=False returns at once (safe from a signal handler on the event loop)."""
         with self.cv:
             self._stop = True
             self.cv.notify_all()
-        if self._thread.is_alive():
+        if wait and self._thread.is_alive():
             self._thread.join(timeout)
 
     @property
@@ -207,9 +210,15 @@ class Scheduler:
                 for s in self.slots:
                     if s.job is not None:
                         self._fail(s, e)
+        bye = APIError("the server is shutting down", "unavailable_error")
         for s in self.slots:  # shutting down
             if s.job is not None:
-                self._fail(s, APIError("the server is shutting down", "unavailable_error"))
+                self._fail(s, bye)
+        with self.cv:
+            waiting, self.pending = list(self.pending), collections.deque()
+        for job in waiting:
+            job.finished = True
+            job.sink(Event(error=bye))
 
     def _assign(self) -> list[Slot]:
         """Pending jobs -> free slots, each to the slot caching most of its prompt."""

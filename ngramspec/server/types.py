@@ -45,7 +45,7 @@ class _Generation(BaseModel):
     grammar: StrictStr | None = None
     json_schema: dict[str, Any] | None = None
     speculative: SpeculativeParams | None = None
-    cache_prompt: StrictBool = True  # reuse the slot's cached prompt prefix (llama-server)
+    cache_prompt: StrictBool | None = None  # reuse the slot's cached prefix (None: --cache-prompt)
     prediction: Prediction | None = None
 
     @model_validator(mode="before")
