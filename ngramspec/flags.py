@@ -406,7 +406,7 @@ _FLAGS += _accepted(
     "--skip-chat-parsing | --no-skip-chat-parsing", "--prefill-assistant | --no-prefill-assistant",
     "--log-file=", "--log-jsonl | --no-log-jsonl", "--log-prompts-dir=", "-lcs --lookup-cache-static=",
     "-lcd --lookup-cache-dynamic=", "--spec-draft-p-split --draft-p-split=", "--completion-bash",
-    "-nocb --no-cont-batching",
+    "-nocb --no-cont-batching", "-gan --grp-attn-n=", "-gaw --grp-attn-w=",
 )
 _FLAGS.append(Flag(("--control-vector-layer-range",), "x_control_vector_layer_range", "ignored",
                    nargs=2, note="LoRA adapters, control vectors and metadata overrides are not "
@@ -428,7 +428,8 @@ def _click_option(f: Flag, command: str) -> Callable:
     kw: dict[str, Any] = {"help": f.help or f"accepted; {f.note}", "envvar": list(f.envvar) or None, "metavar": f.metavar,
                           "hidden": f.target in ("noop", "ignored")}  # docs/server-flags.md
     if f.neg:
-        return click.option(*_pair_decls(f.names, f.neg), f.dest, default=default, **kw)
+        return click.option(*_pair_decls(f.names, f.neg), f.dest, default=default, cls=_Toggle,
+                            **kw)
     if f.switch:
         return click.option(*f.names, f.dest, is_flag=True, default=bool(default), **kw)
     if f.multiple:
@@ -443,11 +444,20 @@ def _click_option(f: Flag, command: str) -> Callable:
 
 
 def _pair_decls(on: tuple[str, ...], off: tuple[str, ...]) -> list[str]:
-    """click declarations for an on/off flag: 'on/off' pairs, then 'on/' or '/off' for
-    the spellings one side has more of."""
+    """click declarations for an on/off flag: 'on/off' pairs; a spelling one side has
+    more of is paired with that side's partner's first spelling (`_Toggle` drops the
+    repeat)."""
     n = max(len(on), len(off))
-    pad = lambda names, i: names[i] if i < len(names) else ""  # noqa: E731
-    return [f"{pad(on, i)}/{pad(off, i)}" for i in range(n)]
+    return [f"{on[min(i, len(on) - 1)]}/{off[min(i, len(off) - 1)]}" for i in range(n)]
+
+
+class _Toggle(click.Option):
+    """An on/off option whose declarations may repeat a spelling (see _pair_decls)."""
+
+    def __init__(self, *args: Any, **kw: Any):
+        super().__init__(*args, **kw)
+        self.opts = list(dict.fromkeys(self.opts))
+        self.secondary_opts = list(dict.fromkeys(self.secondary_opts))
 
 
 def _join_multiple(ctx: click.Context, param: click.Parameter, value: tuple) -> str | None:
