@@ -312,7 +312,7 @@ def test_harness_command_line_starts_and_shuts_down_fast():
     assert took < 1.0, f"shutdown took {took:.2f} s:\n{log}"
     assert "CancelledError" not in log and "Traceback" not in log, log
     warned = [ln for ln in log.splitlines() if "ngramspec serve: warning:" in ln]
-    for flag in ("--lora", "--hf-repo", "--context-shift", "--spec-synth-rates", "--reranking"):
+    for flag in ("--lora", "--hf-repo", "--context-shift", "--spec-synth-rates", "--rerank"):
         assert sum(f" {flag}:" in ln for ln in warned) == 1, (flag, warned)
     assert "-fa off would break exactness" in log
 
@@ -339,3 +339,9 @@ def test_embeddings_endpoints():
         assert np.allclose(again["embedding"], vecs[0], atol=1e-6)  # deterministic
         native = c.post("/embedding", json={"content": "hello world"}).json()
         assert native[0]["index"] == 0 and np.allclose(native[0]["embedding"][0], vecs[0], atol=1e-6)
+
+
+def test_docs_flag_table_is_current():
+    script = Path(__file__).resolve().parent.parent / "scripts" / "server_flags_doc.py"
+    r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
+    assert r.returncode == 0, "docs/server-flags.md is stale: run python scripts/server_flags_doc.py"
