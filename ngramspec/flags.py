@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -178,8 +179,9 @@ _FLAGS: list[Flag] = [
          help="logical batch: most tokens in one llama_decode (at least 64 for exactness)"),
     Flag(("-ub", "--ubatch-size"), "ubatch_size", _M, int, 512, field="n_ubatch", commands=ALL,
          help="physical batch (ubatch) size, at most -b (at least 64 for exactness)"),
-    Flag(("-fa", "--flash-attn"), "flash_attn", _M, click.Choice(["on", "off", "auto"]), "auto", commands=ALL,
-         parse=_on_off, help="flash attention on|off|auto (exact mode keeps it on)"),
+    Flag(("-fa", "--flash-attn"), "flash_attn", _M, str, "auto", commands=ALL, parse=_on_off,
+         metavar="on|off|auto", help="flash attention (exact mode keeps it on; llama.cpp's "
+                                     "spellings: enabled/disabled, true/false, 1/0)"),
     Flag(("-kvu", "--kv-unified"), "kv_unified", _M, bool, None, neg=("-no-kvu", "--no-kv-unified"), commands=ALL,
          help="one KV buffer for all slots (exact mode keeps one stream per slot)"),
     Flag(("-ngl", "--gpu-layers", "--n-gpu-layers"), "n_gpu_layers", _M, str, "0", commands=ALL,
@@ -595,7 +597,7 @@ def settings_fields() -> list[tuple[str, Any, Any]]:
     for f in for_command("serve", ("model", "request", "server")):
         py = f.type if isinstance(f.type, type) else str
         out.append((f.settings_field, Any if f.parse else py | None,
-                    field(default=f.default_for("serve"))))
+                    dc_field(default=f.default_for("serve"))))
     return out
 
 

@@ -7,7 +7,6 @@ shutdown with requests in flight), and the embeddings endpoints.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -345,3 +344,11 @@ def test_docs_flag_table_is_current():
     script = Path(__file__).resolve().parent.parent / "scripts" / "server_flags_doc.py"
     r = subprocess.run([sys.executable, str(script), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, "docs/server-flags.md is stale: run python scripts/server_flags_doc.py"
+
+
+def test_fa_spellings_of_llama_cpp():
+    for value, want in (("on", "on"), ("enabled", "on"), ("0", "off"), ("false", "off"), ("auto", "auto")):
+        assert ServerSettings(flash_attn=value).flash_attn == want
+        v = parse("-fa", value)
+        flags.pop_unused(v)
+        assert from_flags(v).flash_attn == want
