@@ -1,0 +1,5 @@
+"""`python -m ngramspec ...`: the same command line as the `ngramspec` console script."""
+from .cli import run
+
+if __name__ == "__main__":
+    run()
