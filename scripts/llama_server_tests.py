@@ -165,11 +165,12 @@ def first_line(text: str | None) -> str:
 def server_error_line(output: str | None) -> str:
     """The last line of the captured output that reads like a server error, if any."""
     keys = ("error", "usage:", "no such option", "invalid", "unknown", "no module",
-            "exception", "abort", "terminate")
+            "exception", "abort")
     harness = ("Response from server", "Partial response", "tests: starting", "server pid=",
                "Stopping server", "Waiting for server", "Final response")
     lines = [ln.strip() for ln in (output or "").splitlines()
-             if ln.strip() and not ln.startswith(harness)]
+             if ln.strip() and not ln.startswith(harness)
+             and not ln.lstrip().startswith(('"', "{", "}", "[", "]"))]  # printed JSON
     hits = [ln for ln in lines if any(k in ln.lower() for k in keys)]
     return hits[-1][:300] if hits else ""
 
