@@ -8,11 +8,11 @@ A disconnected client cancels its job; the scheduler frees the slot.
 """
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -22,20 +22,23 @@ from typing import Any, AsyncIterator, Callable
 
 import numpy as np
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, json_grammar, schema_grammar
 from . import metrics as metrics_mod
-from .chat import chat_prompt
+from . import render
+from .chat import chat_prompt, continues_final
 from .errors import APIError, error_body, install_handlers, loading_error, to_api_error
 from ..generate import GenerationResponse
+from .run import Run, RunStreamingResponse, sse
 from .scheduler import Event, Job, Scheduler
 from .settings import ServerSettings
-from .types import (ChatCompletionRequest, CompletionRequest, NativeCompletionRequest,
-                    SpeculativeParams, _Generation, _OpenAI)
+from .types import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+                    NativeCompletionRequest, SpeculativeParams, TokenizeRequest, _Generation,
+                    _OpenAI)
 
 log = logging.getLogger("ngramspec.server")
 SPEC_HEADER = "X-Ngramspec-Speculative"
@@ -103,6 +106,8 @@ class Prepared:
     stop: list[str]
     cache_prompt: bool = True
     prediction: np.ndarray | None = None
+    timings_per_token: bool = False
+    return_progress: bool = False  # streaming requests only, as llama-server
 
 
 def _clamp(v: int, lo: int, hi: int | None = None) -> int:
@@ -256,7 +261,43 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
                     n_predict=room if want < 0 else min(want, room),
                     truncate_at_length=want < 0 or want > room, speculative=speculative,
                     spec=spec, stop=req.stop_list(), cache_prompt=req.cache_prompt,
-                    prediction=_prediction(state, req))
+                    prediction=_prediction(state, req), timings_per_token=req.timings_per_token,
+                    return_progress=req.return_progress and req.stream)
+
+
+def render_messages(state: ServerState, body: ChatCompletionRequest) -> str:
+    """The chat request's prompt text (assistant prefill and its checks as llama-server)."""
+    cont = continues_final([m.role for m in body.messages], body.add_generation_prompt,
+                           body.continue_final_message)
+    return chat_prompt(state.engine.model, body.messages, continue_final=cont)
+
+
+def tokenize_json(state: ServerState, body: TokenizeRequest) -> list:
+    """/tokenize's `tokens`: ids, or {id, piece} with the piece as text when it is valid
+    UTF-8 and as its list of byte values when it is not (a part of a character)."""
+    if body.content is None:
+        return []
+    m = state.engine.model
+    parts = [body.content] if isinstance(body.content, str) else body.content
+    ids: list[int] = []
+    for i, p in enumerate(parts):
+        if isinstance(p, str):
+            ids.extend(m.tokenize(p, add_special=body.add_special and i == 0,
+                                  parse_special=body.parse_special).tolist())
+        else:
+            ids.append(p)
+    _check_tokens(state, ids)
+    if not body.with_pieces:
+        return ids
+    out = []
+    for t in ids:
+        raw = m.piece(t, special=True)
+        try:
+            piece: str | list[int] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            piece = list(raw)
+        out.append({"id": t, "piece": piece})
+    return out
 
 
 async def parse_body(request: Request, model: type):
@@ -268,110 +309,55 @@ async def parse_body(request: Request, model: type):
         raise APIError(f"malformed JSON body: {e}", "invalid_request_error") from None
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object", "invalid_request_error")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(data)
     return model.model_validate(data)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(value: Any, where: str = "body") -> None:
+    """400 for a string holding a lone surrogate (valid JSON, e.g. "\\ud800", but not
+    text: it cannot be tokenized); a proper escaped pair decodes to one character."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(f"{where}: the string holds a lone UTF-16 surrogate, which is not "
+                           "valid Unicode", "invalid_request_error") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k, where)
+            _check_unicode(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, f"{where}[{i}]")
 
 
 # ---------------------------------------------------------------------------- running a job
 
 
-async def _next_event(job: Job, request: Request) -> Event | None:
-    """The job's next event; None if the client disconnected meanwhile."""
-    get = asyncio.ensure_future(job.queue.get())
-    try:
-        while True:
-            done, _ = await asyncio.wait({get}, timeout=0.25)
-            if done:
-                return get.result()
-            if await request.is_disconnected():
-                return None
-    finally:
-        if not get.done():
-            get.cancel()
+def make_job(prep: Prepared, sink) -> Job:
+    return Job(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
+               speculative=prep.speculative, spec=prep.spec, stop=prep.stop, sink=sink,
+               truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
+               prediction=prep.prediction, return_progress=prep.return_progress)
 
 
-@dataclass
-class HttpJob(Job):
-    """A job whose events land on an asyncio queue of the request's event loop."""
-
-    queue: asyncio.Queue | None = None
-
-
-def _sink(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue):
-    def sink(ev: Event) -> None:
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, ev)
-        except RuntimeError:  # the event loop is closed (shutdown)
-            pass
-    return sink
-
-
-async def submit(state: ServerState, request: Request, prep: Prepared) -> tuple[Job, Event] | None:
-    """Queue the job and wait for its first event (raises the prompt's error, if any)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    job = HttpJob(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
-                  speculative=prep.speculative, spec=prep.spec, stop=prep.stop,
-                  sink=_sink(asyncio.get_running_loop(), queue), queue=queue,
-                  truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
-                  prediction=prep.prediction)
-    state.scheduler.submit(job)
-    try:
-        ev = await _next_event(job, request)
-    except BaseException:
-        state.scheduler.cancel(job)
-        raise
-    if ev is None:
-        state.scheduler.cancel(job)
+async def start_run(state: ServerState, request: Request, preps: list[Prepared],
+                    stream: bool) -> tuple[Run, list[Event]] | None:
+    """Submit one job per prepared prompt and wait until all have started; None if the
+    client left meanwhile (the jobs are cancelled)."""
+    run = Run(state.scheduler, request)
+    for prep in preps:
+        run.submit(lambda sink, prep=prep: make_job(prep, sink))
+    firsts = await run.start()
+    if firsts is None:
         return None
-    if ev.error is not None:
-        raise ev.error
-    return job, ev
-
-
-async def collect(state: ServerState, request: Request, job: Job) -> tuple[str, list[int], Event] | None:
-    parts, tokens = [], []
-    try:
-        while True:
-            ev = await _next_event(job, request)
-            if ev is None:
-                return None
-            if ev.error is not None:
-                raise ev.error
-            parts.append(ev.text)
-            tokens.extend(ev.tokens)
-            if ev.final:
-                return "".join(parts), tokens, ev
-    finally:
-        state.scheduler.cancel(job)  # no-op when finished
-
-
-class JobStreamingResponse(StreamingResponse):
-    """SSE response that cancels its job however the response ends."""
-
-    def __init__(self, content, job: Job, scheduler: Scheduler, **kw):
-        super().__init__(content, media_type="text/event-stream", **kw)
-        self.job, self.scheduler = job, scheduler
-
-    async def __call__(self, scope, receive, send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.scheduler.cancel(self.job)
-
-
-def sse(obj: Any) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
-
-
-async def events(state: ServerState, job: Job, first: Event) -> AsyncIterator[Event]:
-    """The job's events after the start event (errors are yielded, not raised)."""
-    try:
-        while True:
-            ev = await job.queue.get()
-            yield ev
-            if ev.final:
-                return
-    finally:
-        state.scheduler.cancel(job)
+    if stream:
+        run.gone.stop()  # the streaming response watches the connection itself
+    return run, firsts
 
 
 def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:
@@ -382,9 +368,84 @@ def spec_headers(speculative: bool, result: GenerationResponse | None = None) ->
     return h
 
 
-def usage(result: GenerationResponse) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generation_tokens,
-            "total_tokens": result.prompt_tokens + result.generation_tokens}
+def prompt_text_of(state: ServerState, tokens: np.ndarray) -> str:
+    """The prompt as llama-server shows it: every token's piece, special ones included."""
+    m = state.engine.model
+    return b"".join(m.piece(t, special=True) for t in tokens.tolist()).decode("utf-8", "replace")
+
+
+def native_final_json(state: ServerState, prep: Prepared, job: Job, content: str,
+                      tokens: list[int], ev: Event, stream: bool) -> dict:
+    spec = job.spec or state.settings.spec
+    settings = render.params_json(prep.sampling, prep.n_predict, prep.stop, spec,
+                                  job.speculative, stream, prep.timings_per_token)
+    return render.native_final(0, content, tokens, ev.response, state.model_id, settings,
+                               prompt_text_of(state, prep.tokens))
+
+
+async def native_stream(state: ServerState, run: Run, prep: Prepared, body) -> AsyncIterator[str]:
+    """/completion's SSE: progress chunks (return_progress), one chunk per emitted text,
+    the final object (response_fields applied), or an error object."""
+    n_prompt, job = len(prep.tokens), run.jobs[0]
+    async for _i, ev in run.events():
+        if ev.error is not None:
+            yield sse(error_body(to_api_error(ev.error)))
+            return
+        if ev.progress is not None:
+            yield sse(render.native_progress(0, ev.progress, n_prompt, ev.slot_id,
+                                             body.timings_per_token))
+        elif ev.final:
+            out = native_final_json(state, prep, job, ev.text, ev.tokens, ev, True)
+            yield sse(render.pick_fields(body.response_fields, out) if body.response_fields
+                      else out)
+        elif ev.response is not None:
+            yield sse(render.native_partial(0, ev.response, n_prompt, ev.slot_id,
+                                            body.timings_per_token))
+
+
+async def oai_stream(state: ServerState, run: Run, preps: list[Prepared], body, base: dict,
+                     chat: bool) -> AsyncIterator[str]:
+    """OpenAI SSE for every choice (index i per prompt): chat opens each choice with a
+    role delta; each choice ends with a finish_reason chunk; then the usage chunk
+    (stream_options.include_usage); `timings` on the very last chunk; [DONE]."""
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    per_token = body.timings_per_token
+    for i, p in enumerate(preps):
+        if chat:
+            yield sse(render.oai_chunk(base, chat, i, role=True))
+        elif getattr(body, "echo", False):
+            yield sse(render.oai_chunk(base, chat, i, text=p.prompt_text))
+    finals: list = [None] * len(preps)
+    async for i, ev in run.events():
+        if ev.error is not None:
+            yield sse(error_body(to_api_error(ev.error)))
+            return
+        if ev.progress is not None:
+            if body.return_progress:
+                c = render.oai_chunk(base, chat, i, role=chat)
+                c["prompt_progress"] = ev.progress
+                yield sse(c)
+            continue
+        r = ev.response
+        if r is None:
+            continue
+        if ev.text:
+            c = render.oai_chunk(base, chat, i, text=ev.text)
+            if per_token:
+                c["timings"] = r.timings()
+            yield sse(c)
+        if ev.final:
+            finals[i] = r
+            last = render.oai_chunk(base, chat, i, finish=r.finish_reason)
+            if all(f is not None for f in finals):
+                tail = render.oai_usage_chunk(base, chat, finals) if include_usage else None
+                (tail or last)["timings"] = r.timings()
+                yield sse(last)
+                if tail is not None:
+                    yield sse(tail)
+                yield "data: [DONE]\n\n"
+            else:
+                yield sse(last)
 
 
 # ---------------------------------------------------------------------------- the app
@@ -450,26 +511,9 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                      "n_ctx": state.engine.ctx.n_ctx, "n_ctx_slot": state.n_ctx_slot,
                      "total_slots": settings.n_parallel}}]}
 
-    def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec: SpecConfig,
-                    speculative: bool, stream: bool = False) -> dict:
-        return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
-                "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
-                "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
-                "stop": stop, "max_tokens": n_predict, "stream": stream,
-                "grammar": sampling.grammar or "",
-                "samplers": ["penalties", "top_k", "top_p", "min_p", "temperature"],
-                "speculative": speculative,
-                "speculative.types": ",".join(spec.types) or "none",
-                "speculative.n_max": spec.max_draft(), "speculative.n_min": spec.draft_min,
-                "speculative.ngram_size_n": spec.ngram_mod.n_match
-                if spec.types == ("ngram-mod",) else spec.ngram_simple.size_n,
-                "speculative.ngram_size_m": spec.ngram_mod.n_max
-                if spec.types == ("ngram-mod",) else spec.ngram_simple.size_m,
-                "timings_per_token": False}
-
     def default_params() -> dict:
-        return params_json(settings.sampling, settings.n_predict, [], settings.spec,
-                           settings.spec.enabled or state.engine.draft_drafter is not None)
+        return render.params_json(settings.sampling, settings.n_predict, [], settings.spec,
+                                  settings.spec.enabled or state.engine.draft_drafter is not None)
 
     def slot_json(slot) -> dict:
         job, st = slot.job, slot.st
@@ -477,15 +521,16 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
             params, processing = default_params(), False
         else:
             spec = job.spec or settings.spec
-            params = params_json(job.sampling, job.n_predict, job.stop, spec, job.speculative)
+            params = render.params_json(job.sampling, job.n_predict, job.stop, spec,
+                                        job.speculative)
             processing = True
         n_decoded = st.n_generated if st is not None else 0
         return {"id": slot.id, "id_task": job.id if job is not None else -1,
                 "n_ctx": state.n_ctx_slot, "speculative": params["speculative"],
                 "is_processing": processing, "params": params,
-                "next_token": {"has_next_token": processing, "has_new_line": slot.has_new_line,
-                               "n_remain": (job.n_predict - n_decoded) if job is not None else -1,
-                               "n_decoded": n_decoded},
+                "next_token": [{"has_next_token": processing, "has_new_line": slot.has_new_line,
+                                "n_remain": (job.n_predict - n_decoded) if job is not None else -1,
+                                "n_decoded": n_decoded}],
                 "draft_n": st.draft_n if st is not None else 0,
                 "draft_n_accepted": st.draft_n_accepted if st is not None else 0}
 
@@ -495,12 +540,12 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         default = {"id": 0, "id_task": -1, "n_ctx": state.n_ctx_slot,
                    "speculative": default_params()["speculative"], "is_processing": False,
                    "params": default_params(), "prompt": "",
-                   "next_token": {"has_next_token": True, "has_new_line": False, "n_remain": -1,
-                                  "n_decoded": 0, "stopping_word": ""}}
+                   "next_token": [{"has_next_token": True, "has_new_line": False,
+                                   "n_remain": -1, "n_decoded": 0, "stopping_word": ""}]}
         return {"default_generation_settings": default, "total_slots": settings.n_parallel,
                 "model_path": str(m.path), "chat_template": m.chat_template or "",
                 "chat_template_caps": {}, "modalities": {"vision": False, "audio": False},
-                "build_info": f"ngramspec {version}", "is_sleeping": False,
+                "build_info": render.system_fingerprint(), "is_sleeping": False,
                 "n_ctx": state.engine.ctx.n_ctx, "queue_size": settings.queue_size,
                 "speculative": {"types": list(settings.spec.types),
                                 "draft_min": settings.spec.draft_min,
@@ -521,7 +566,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
             raise APIError("This server does not support metrics endpoint. Start it with "
                            "`--metrics`", "not_supported_error")
         return PlainTextResponse(metrics_mod.render(state.scheduler, state.engine),
-                                 media_type="text/plain; version=0.0.4")
+                                 media_type="text/plain; version=0.0.4",
+                                 headers={"Process-Start-Time-Unix": str(state.created)})
 
     # ------------------------------------------------------------ /completion (native)
     @api.post("/completion")
@@ -530,133 +576,62 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         body = await parse_body(request, NativeCompletionRequest)
         tokens, text = tokenize_prompt(state, body.prompt)
         prep = prepare(state, body, request, tokens, text, body.n_predict)
-        started = await submit(state, request, prep)
+        started = await start_run(state, request, [prep], body.stream)
         if started is None:
             return Response(status_code=499)
-        job, first = started
-        spec = job.spec or settings.spec
-
-        def final_json(content: str, toks: list[int], ev: Event, stream: bool) -> dict:
-            r = ev.response
-            return {"index": 0, "content": content, "tokens": toks if (body.return_tokens or stream) else [],
-                    "id_slot": r.slot_id, "stop": True, "model": state.model_id,
-                    "tokens_predicted": r.generation_tokens, "tokens_evaluated": r.prompt_tokens,
-                    "generation_settings": params_json(prep.sampling, prep.n_predict, prep.stop,
-                                                       spec, job.speculative, stream),
-                    "prompt": prep.prompt_text, "has_new_line": "\n" in content,
-                    "truncated": r.truncated, "stop_type": r.stop_type,
-                    "stopping_word": r.stopping_word, "tokens_cached": r.cache_n,
-                    "timings": r.timings()}
-
-        if not body.stream:
-            got = await collect(state, request, job)
-            if got is None:
-                return Response(status_code=499)
-            content, toks, ev = got
-            return JSONResponse(final_json(content, toks, ev, False),
-                                headers=spec_headers(job.speculative, ev.response))
-
-        async def gen():
-            n = 0
-            async for ev in events(state, job, first):
-                if ev.error is not None:
-                    yield sse(error_body(to_api_error(ev.error)))
-                    return
-                n += len(ev.tokens)
-                if ev.final:
-                    yield sse(final_json(ev.text, ev.tokens, ev, True))
-                else:
-                    yield sse({"index": 0, "content": ev.text, "tokens": ev.tokens, "stop": False,
-                               "id_slot": first.slot_id, "tokens_predicted": n,
-                               "tokens_evaluated": len(prep.tokens)})
-
-        return JobStreamingResponse(gen(), job, state.scheduler,
-                                    headers=spec_headers(job.speculative))
+        run, firsts = started
+        if body.stream:
+            return RunStreamingResponse(native_stream(state, run, prep, body), run,
+                                        headers=spec_headers(run.jobs[0].speculative))
+        got = await run.collect()
+        if got is None:
+            return Response(status_code=499)
+        content, toks, ev = got[0]
+        out = native_final_json(state, prep, run.jobs[0], content,
+                                toks if body.return_tokens else [], ev, False)
+        if body.response_fields:
+            out = render.pick_fields(body.response_fields, out)
+        return JSONResponse(out, headers=spec_headers(run.jobs[0].speculative, ev.response))
 
     # ------------------------------------------------------------ OpenAI endpoints
-    def oai_n_predict(body: _OpenAI) -> int | None:
-        v = getattr(body, "max_completion_tokens", None)
-        return v if v is not None else body.max_tokens
-
-    async def oai_run(body: _OpenAI, request: Request, tokens, text, chat: bool):
-        prep = prepare(state, body, request, tokens, text, oai_n_predict(body))
-        started = await submit(state, request, prep)
+    async def oai_run(body: _OpenAI, request: Request, prompts: list[tuple[np.ndarray, str]],
+                      chat: bool):
+        n_predict = getattr(body, "max_completion_tokens", None)
+        n_predict = body.max_tokens if n_predict is None else n_predict
+        preps = [prepare(state, body, request, t, x, n_predict) for t, x in prompts]
+        started = await start_run(state, request, preps, body.stream)
         if started is None:
             return Response(status_code=499)
-        job, first = started
-        cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
-        created = int(time.time())
-        base = {"id": cid, "created": created, "model": body.model or state.model_id,
-                "system_fingerprint": f"ngramspec-{version}"}
-        echo = text if (not chat and getattr(body, "echo", False)) else ""
-
-        if not body.stream:
-            got = await collect(state, request, job)
-            if got is None:
-                return Response(status_code=499)
-            content, _toks, ev = got
-            r = ev.response
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": content},
-                          "logprobs": None, "finish_reason": r.finish_reason}
-            else:
-                choice = {"index": 0, "text": echo + content, "logprobs": None,
-                          "finish_reason": r.finish_reason}
-            out = {**base, "object": "chat.completion" if chat else "text_completion",
-                   "choices": [choice], "usage": usage(r), "timings": r.timings()}
-            return JSONResponse(out, headers=spec_headers(job.speculative, r))
-
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        obj = "chat.completion.chunk" if chat else "text_completion"
-
-        def chunk(text_delta: str | None, finish: str | None, role: bool = False) -> dict:
-            if chat:
-                delta: dict = {}
-                if role:
-                    delta["role"] = "assistant"
-                if text_delta is not None:
-                    delta["content"] = text_delta
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {"index": 0, "text": text_delta or "", "logprobs": None,
-                          "finish_reason": finish}
-            return {**base, "object": obj, "choices": [choice]}
-
-        async def gen():
-            if chat:
-                yield sse(chunk("", None, role=True))
-            elif echo:
-                yield sse(chunk(echo, None))
-            async for ev in events(state, job, first):
-                if ev.error is not None:
-                    yield sse(error_body(to_api_error(ev.error)))
-                    return
-                if ev.final:
-                    if ev.text:
-                        yield sse(chunk(ev.text, None))
-                    last = chunk(None if chat else "", ev.response.finish_reason)
-                    last["timings"] = ev.response.timings()
-                    yield sse(last)
-                    if include_usage:
-                        yield sse({**base, "object": obj, "choices": [],
-                                   "usage": usage(ev.response), "timings": ev.response.timings()})
-                    yield "data: [DONE]\n\n"
-                elif ev.text:
-                    yield sse(chunk(ev.text, None))
-
-        return JobStreamingResponse(gen(), job, state.scheduler,
-                                    headers=spec_headers(job.speculative))
+        run, firsts = started
+        base = render.oai_base(("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                               int(time.time()), body.model or state.model_id)
+        echo = getattr(body, "echo", False)
+        if body.stream:
+            return RunStreamingResponse(oai_stream(state, run, preps, body, base, chat), run,
+                                        headers=spec_headers(run.jobs[0].speculative))
+        got = await run.collect()
+        if got is None:
+            return Response(status_code=499)
+        results = [ev.response for _c, _t, ev in got]
+        choices = [render.oai_choice(chat, i, (p.prompt_text if echo else "") + content,
+                                     ev.response.finish_reason)
+                   for i, ((content, _t, ev), p) in enumerate(zip(got, preps))]
+        out = {**base, "object": "chat.completion" if chat else "text_completion",
+               "choices": choices, "usage": render.usage(results),
+               "timings": results[-1].timings()}
+        if settings.verbose:
+            content, toks, ev = got[0]
+            out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], content, toks,
+                                                 ev, False)
+        return JSONResponse(out, headers=spec_headers(run.jobs[0].speculative, results[0]))
 
     @api.post("/v1/completions")
     async def v1_completions(request: Request):
         body = await parse_body(request, CompletionRequest)
         prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-            if len(prompt) != 1:
-                raise APIError("only one prompt per request is supported", "not_supported_error")
-            prompt = prompt[0]
-        tokens, text = tokenize_prompt(state, prompt)
-        return await oai_run(body, request, tokens, text, chat=False)
+        batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
+        prompts = [tokenize_prompt(state, p) for p in (prompt if batch else [prompt])]
+        return await oai_run(body, request, prompts, chat=False)
 
     @api.post("/v1/chat/completions")
     @api.post("/chat/completions")
@@ -664,10 +639,35 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         body = await parse_body(request, ChatCompletionRequest)
         if body.tools:
             raise APIError("tools are not supported by this server", "not_supported_error")
+        text = render_messages(state, body)
+        tokens = state.engine.model.tokenize(text, add_special=True, parse_special=True)
+        return await oai_run(body, request, [(tokens, text)], chat=True)
+
+    @api.post("/apply-template")
+    async def apply_template(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
+        return {"prompt": render_messages(state, body)}
+
+    @api.post("/v1/chat/completions/input_tokens")
+    @api.post("/chat/completions/input_tokens")
+    async def chat_input_tokens(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
+        text = render_messages(state, body)
+        n = len(state.engine.model.tokenize(text, add_special=True, parse_special=True))
+        return {"input_tokens": n, "object": "response.input_tokens"}
+
+    @api.post("/tokenize")
+    async def tokenize(request: Request):
+        body = await parse_body(request, TokenizeRequest)
+        return {"tokens": tokenize_json(state, body)}
+
+    @api.post("/detokenize")
+    async def detokenize(request: Request):
+        body = await parse_body(request, DetokenizeRequest)
+        toks = _check_tokens(state, body.tokens)
         m = state.engine.model
-        text = chat_prompt(m, body.messages)
-        tokens = m.tokenize(text, add_special=True, parse_special=True)
-        return await oai_run(body, request, tokens, text, chat=True)
+        return {"content": b"".join(m.piece(t, special=True) for t in toks.tolist())
+                .decode("utf-8", errors="replace")}
 
     app.include_router(public)
     app.include_router(api)

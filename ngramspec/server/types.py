@@ -47,6 +47,8 @@ class _Generation(BaseModel):
     speculative: SpeculativeParams | None = None
     cache_prompt: StrictBool = True  # reuse the slot's cached prompt prefix (llama-server)
     prediction: Prediction | None = None
+    timings_per_token: StrictBool = False  # `timings` in every streamed chunk
+    return_progress: StrictBool = False  # `prompt_progress` chunks while streaming
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +124,8 @@ class ChatCompletionRequest(_OpenAI):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=-1)
     tools: list[Any] | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None  # vLLM's name for the assistant prefill
 
 
 class NativeCompletionRequest(_Generation):
@@ -130,7 +134,25 @@ class NativeCompletionRequest(_Generation):
     prompt: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
     n_predict: StrictInt | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
+    response_fields: list[StrictStr] | None = None  # only these fields ('/' paths)
     response_format: ResponseFormat | None = None
 
 
 Prediction.model_rebuild()
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: `content` is text or llama.cpp's mixed list of text and token ids."""
+
+    model_config = ConfigDict(extra="ignore")
+    content: Union[StrictStr, list[Union[StrictInt, StrictStr]]] | None = None
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize"""
+
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[StrictInt] = Field(default_factory=list)
