@@ -22,7 +22,7 @@ def server():
 
     threads = os.environ.get("NGRAMSPEC_TEST_THREADS", "2")
     sp = start_server(["-np", "1", "--temp", "0", "-c", "2048", "-t", threads, "--metrics",
-                       "--spec-type", "ngram-mod"], timeout=180)
+                       "--spec-type", "ngram-mod", "--verbose"], timeout=180)
     yield sp
     sp.stop()
 
@@ -53,13 +53,18 @@ def wait_idle(http, timeout: float) -> float:
 def test_disconnected_client_frees_the_slot(server, http, stream):
     """1 slot: a long request whose client hangs up after 0.5 s must not keep the slot;
     the next request is served at once."""
-    def doomed():
-        try:
-            httpx.post(server.url + "/completion", timeout=0.5,
-                       json={"prompt": LONG, "n_predict": 1500, "stream": stream,
-                             "speculative": {"type": "none"}})
-        except httpx.TimeoutException:
-            pass
+    def doomed():  # hang up after 0.5 s, whatever has arrived by then
+        body = {"prompt": LONG, "n_predict": 1500, "stream": stream,
+                "speculative": {"type": "none"}}
+        t0 = time.monotonic()
+        with httpx.Client(base_url=server.url, timeout=0.5) as c:
+            try:
+                with c.stream("POST", "/completion", json=body) as r:
+                    for _ in r.iter_raw():
+                        if time.monotonic() - t0 > 0.5:
+                            break
+            except httpx.TimeoutException:
+                pass
 
     t = threading.Thread(target=doomed)
     t.start()
@@ -71,7 +76,7 @@ def test_disconnected_client_frees_the_slot(server, http, stream):
     r = http.post("/completion", json={"prompt": "Hello", "n_predict": 4})
     assert r.status_code == 200 and r.json()["tokens_predicted"] == 4
     assert time.monotonic() - t0 < 3.0
-    assert slot_idle(http)
+    wait_idle(http, timeout=0.5)
 
 
 # ------------------------------------------------------------------ bad input
@@ -158,6 +163,36 @@ def test_openai_batch_prompts_one_choice_each(http):
     assert [c["index"] for c in b["choices"]] == [0, 1]
     assert [c["text"] for c in b["choices"]] == [s["choices"][0]["text"] for s in single]
     assert b["usage"]["completion_tokens"] == sum(s["usage"]["completion_tokens"] for s in single)
+
+
+def test_native_batch_prompts_as_llama_server(http):
+    """A list with no number at its top level is a batch: one result per prompt."""
+    text = "I believe the meaning of life is"
+    toks = http.post("/tokenize", json={"content": text, "add_special": True}).json()["tokens"]
+    one = http.post("/completion", json={"prompt": text, "n_predict": 5}).json()
+    for prompt in ([toks, toks], [toks, text], [toks, {"prompt_string": text}], [text, text]):
+        r = http.post("/completion", json={"prompt": prompt, "n_predict": 5})
+        assert r.status_code == 200, r.text
+        b = r.json()
+        assert isinstance(b, list) and [x["index"] for x in b] == [0, 1]
+        assert [x["content"] for x in b] == [one["content"]] * 2
+    mixed = http.post("/completion", json={"prompt": [2, 818, text, 3823], "n_predict": 2})
+    assert isinstance(mixed.json()["content"], str)
+    ev = sse_events(http, "/completion", {"prompt": [text, text], "n_predict": 5, "stream": True})
+    finals = [e for e in ev if e["stop"]]
+    assert sorted(e["index"] for e in finals) == [0, 1]
+    for i in (0, 1):
+        assert "".join(e["content"] for e in ev if e["index"] == i) == one["content"]
+
+
+def test_verbose_carries_the_native_result(http):
+    b = http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "What is the best book"}],
+        "max_tokens": 4}).json()
+    v = b["__verbose"]
+    assert v["prompt"] == "<bos><start_of_turn>user\nWhat is the best book<end_of_turn>\n" \
+                          "<start_of_turn>model\n"
+    assert v["content"] == b["choices"][0]["message"]["content"]
 
 
 # ------------------------------------------------------------------ response shapes

@@ -37,8 +37,8 @@ from .run import Run, RunStreamingResponse, sse
 from .scheduler import Event, Job, Scheduler
 from .settings import ServerSettings
 from .types import (ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
-                    NativeCompletionRequest, SpeculativeParams, TokenizeRequest, _Generation,
-                    _OpenAI)
+                    NativeCompletionRequest, PromptObject, SpeculativeParams, TokenizeRequest,
+                    _Generation, _OpenAI)
 
 log = logging.getLogger("ngramspec.server")
 SPEC_HEADER = "X-Ngramspec-Speculative"
@@ -212,6 +212,14 @@ def _check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
     return np.asarray(tokens, dtype=np.int32)
 
 
+def split_prompts(prompt: Any) -> list:
+    """llama-server's rule: a list with no number at its top level is a batch of prompts
+    (each a string, token ids, a mixed list or {prompt_string}); anything else is one."""
+    if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
+        return [p.prompt_string if isinstance(p, PromptObject) else p for p in prompt]
+    return [prompt]
+
+
 def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
     """A string, token ids, or llama.cpp's mixed list -> (tokens, prompt text)."""
     model = state.engine.model
@@ -225,8 +233,11 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
     for i, p in enumerate(prompt):
         if isinstance(p, str):
             out.extend(model.tokenize(p, add_special=i == 0, parse_special=True).tolist())
-        else:
+        elif isinstance(p, int):
             out.append(p)
+        else:
+            raise ConfigError("a prompt holding token ids may contain only token ids and "
+                              "strings")
     tokens = _check_tokens(state, out)
     if len(tokens) == 0:
         raise ConfigError("the prompt is empty")
@@ -374,32 +385,35 @@ def prompt_text_of(state: ServerState, tokens: np.ndarray) -> str:
     return b"".join(m.piece(t, special=True) for t in tokens.tolist()).decode("utf-8", "replace")
 
 
-def native_final_json(state: ServerState, prep: Prepared, job: Job, content: str,
+def native_final_json(state: ServerState, prep: Prepared, job: Job, index: int, content: str,
                       tokens: list[int], ev: Event, stream: bool) -> dict:
     spec = job.spec or state.settings.spec
     settings = render.params_json(prep.sampling, prep.n_predict, prep.stop, spec,
                                   job.speculative, stream, prep.timings_per_token)
-    return render.native_final(0, content, tokens, ev.response, state.model_id, settings,
+    return render.native_final(index, content, tokens, ev.response, state.model_id, settings,
                                prompt_text_of(state, prep.tokens))
 
 
-async def native_stream(state: ServerState, run: Run, prep: Prepared, body) -> AsyncIterator[str]:
-    """/completion's SSE: progress chunks (return_progress), one chunk per emitted text,
-    the final object (response_fields applied), or an error object."""
-    n_prompt, job = len(prep.tokens), run.jobs[0]
-    async for _i, ev in run.events():
+async def native_stream(state: ServerState, run: Run, preps: list[Prepared],
+                        body) -> AsyncIterator[str]:
+    """/completion's SSE, every prompt's chunks carrying its index: progress chunks
+    (return_progress), one chunk per emitted text, the final object (response_fields
+    applied); an error object ends the stream."""
+    async for i, ev in run.events():
         if ev.error is not None:
             yield sse(error_body(to_api_error(ev.error)))
             return
+        n_prompt = len(preps[i].tokens)
         if ev.progress is not None:
-            yield sse(render.native_progress(0, ev.progress, n_prompt, ev.slot_id,
+            yield sse(render.native_progress(i, ev.progress, n_prompt, ev.slot_id,
                                              body.timings_per_token))
         elif ev.final:
-            out = native_final_json(state, prep, job, ev.text, ev.tokens, ev, True)
+            out = native_final_json(state, preps[i], run.jobs[i], i, ev.text, ev.tokens, ev,
+                                    True)
             yield sse(render.pick_fields(body.response_fields, out) if body.response_fields
                       else out)
         elif ev.response is not None:
-            yield sse(render.native_partial(0, ev.response, n_prompt, ev.slot_id,
+            yield sse(render.native_partial(i, ev.response, n_prompt, ev.slot_id,
                                             body.timings_per_token))
 
 
@@ -574,24 +588,28 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     @api.post("/completions")
     async def completion(request: Request):
         body = await parse_body(request, NativeCompletionRequest)
-        tokens, text = tokenize_prompt(state, body.prompt)
-        prep = prepare(state, body, request, tokens, text, body.n_predict)
-        started = await start_run(state, request, [prep], body.stream)
+        batch = split_prompts(body.prompt)
+        preps = [prepare(state, body, request, *tokenize_prompt(state, p), body.n_predict)
+                 for p in batch]
+        started = await start_run(state, request, preps, body.stream)
         if started is None:
             return Response(status_code=499)
-        run, firsts = started
+        run, _firsts = started
+        headers = spec_headers(run.jobs[0].speculative)
         if body.stream:
-            return RunStreamingResponse(native_stream(state, run, prep, body), run,
-                                        headers=spec_headers(run.jobs[0].speculative))
+            return RunStreamingResponse(native_stream(state, run, preps, body), run,
+                                        headers=headers)
         got = await run.collect()
         if got is None:
             return Response(status_code=499)
-        content, toks, ev = got[0]
-        out = native_final_json(state, prep, run.jobs[0], content,
-                                toks if body.return_tokens else [], ev, False)
-        if body.response_fields:
-            out = render.pick_fields(body.response_fields, out)
-        return JSONResponse(out, headers=spec_headers(run.jobs[0].speculative, ev.response))
+        outs = []
+        for i, ((content, toks, ev), prep, job) in enumerate(zip(got, preps, run.jobs)):
+            out = native_final_json(state, prep, job, i, content,
+                                    toks if body.return_tokens else [], ev, False)
+            outs.append(render.pick_fields(body.response_fields, out) if body.response_fields
+                        else out)
+        headers = spec_headers(run.jobs[0].speculative, got[0][2].response)
+        return JSONResponse(outs if len(batch) > 1 else outs[0], headers=headers)
 
     # ------------------------------------------------------------ OpenAI endpoints
     async def oai_run(body: _OpenAI, request: Request, prompts: list[tuple[np.ndarray, str]],
@@ -621,16 +639,14 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                "timings": results[-1].timings()}
         if settings.verbose:
             content, toks, ev = got[0]
-            out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], content, toks,
-                                                 ev, False)
+            out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], 0, content,
+                                                 toks, ev, False)
         return JSONResponse(out, headers=spec_headers(run.jobs[0].speculative, results[0]))
 
     @api.post("/v1/completions")
     async def v1_completions(request: Request):
         body = await parse_body(request, CompletionRequest)
-        prompt = body.prompt
-        batch = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], (str, list))
-        prompts = [tokenize_prompt(state, p) for p in (prompt if batch else [prompt])]
+        prompts = [tokenize_prompt(state, p) for p in split_prompts(body.prompt)]
         return await oai_run(body, request, prompts, chat=False)
 
     @api.post("/v1/chat/completions")

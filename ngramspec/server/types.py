@@ -29,6 +29,18 @@ class Prediction(BaseModel):
     content: Union[StrictStr, list["ContentPart"], list[StrictInt]]
 
 
+class PromptObject(BaseModel):
+    """llama-server's `{"prompt_string": ...}` element of a batch of prompts."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt_string: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
+
+
+#: a string, token ids, a mixed list of both, or a batch (a list of those, or objects)
+Prompt = Union[StrictStr, list[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]],
+                                     PromptObject]]]
+
+
 class _Generation(BaseModel):
     """Fields shared by every generation endpoint (llama-server and OpenAI names)."""
 
@@ -102,7 +114,7 @@ class _OpenAI(_Generation):
 class CompletionRequest(_OpenAI):
     """POST /v1/completions"""
 
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    prompt: Prompt
     echo: StrictBool = False
 
 
@@ -131,7 +143,7 @@ class ChatCompletionRequest(_OpenAI):
 class NativeCompletionRequest(_Generation):
     """POST /completion (llama.cpp native)"""
 
-    prompt: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
+    prompt: Prompt
     n_predict: StrictInt | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None  # only these fields ('/' paths)
