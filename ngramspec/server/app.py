@@ -465,6 +465,23 @@ async def oai_stream(state: ServerState, run: Run, preps: list[Prepared], body, 
 # ---------------------------------------------------------------------------- the app
 
 
+def uvicorn_server(app: FastAPI, config):
+    """uvicorn's Server for `app`, which on SIGINT/SIGTERM first fails the running and
+    queued requests (503 "shutting down"), so that open connections end at once and the
+    server exits without waiting out the graceful-shutdown timeout."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            sched = app.state.ngramspec.scheduler
+            if sched is not None:
+                sched.stop()
+            super().handle_exit(sig, frame)
+
+    return Server(config)
+
+
+
 def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                on_fatal: Callable[[], None] | None = None, load_async: bool = True) -> FastAPI:
     """The ASGI app; the model loads in a background thread once the server runs."""

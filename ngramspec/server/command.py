@@ -39,7 +39,7 @@ def serve(ctx: click.Context, model, model_draft, ctx_size, threads, n_predict, 
     """
     import uvicorn
 
-    from .app import create_app
+    from .app import create_app, uvicorn_server
     from .settings import ServerSettings
     from ..cli import config_from_kwargs
 
@@ -66,7 +66,7 @@ def serve(ctx: click.Context, model, model_draft, ctx_size, threads, n_predict, 
     config = uvicorn.Config(app, host=host, port=port, log_level="info" if verbose else "warning",
                             access_log=verbose, timeout_graceful_shutdown=3,
                             timeout_keep_alive=30)
-    server = uvicorn.Server(config)
+    server = uvicorn_server(app, config)
     holder["server"] = server
     err_console.print(f"ngramspec serve: listening on http://{host}:{port} "
                       f"({parallel} slot{'s' if parallel != 1 else ''}, spec "

@@ -146,10 +146,15 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self, timeout: float = 10.0) -> None:
+    def stop(self) -> None:
+        """Ask the thread to stop without waiting: at its next turn it fails every running
+        and queued job with 503 "shutting down", so their requests end at once."""
         with self.cv:
             self._stop = True
             self.cv.notify_all()
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self.stop()
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -210,9 +215,15 @@ class Scheduler:
                 for s in self.slots:
                     if s.job is not None:
                         self._fail(s, e)
+        bye = APIError("the server is shutting down", "unavailable_error")
         for s in self.slots:  # shutting down
             if s.job is not None:
-                self._fail(s, APIError("the server is shutting down", "unavailable_error"))
+                self._fail(s, bye)
+        with self.cv:
+            waiting, self.pending = list(self.pending), collections.deque()
+        for job in waiting:
+            job.finished = True
+            job.sink(Event(error=bye))
 
     def _assign(self) -> list[Slot]:
         """Pending jobs -> free slots, each to the slot caching most of its prompt."""
