@@ -596,9 +596,11 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         if not settings.metrics:
             raise APIError("This server does not support metrics endpoint. Start it with "
                            "`--metrics`", "not_supported_error")
-        return PlainTextResponse(metrics_mod.render(state.scheduler, state.engine),
-                                 media_type="text/plain; version=0.0.4",
-                                 headers={"Process-Start-Time-Unix": str(state.created)})
+        r = PlainTextResponse(metrics_mod.render(state.scheduler, state.engine),
+                              media_type="text/plain; version=0.0.4")
+        # raw, to keep llama-server's spelling (Starlette lowercases names it is given)
+        r.raw_headers.append((b"Process-Start-Time-Unix", str(state.created).encode()))
+        return r
 
     # ------------------------------------------------------------ /completion (native)
     @api.post("/completion")
