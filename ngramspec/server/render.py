@@ -15,6 +15,7 @@ from ..config import SpecConfig
 from ..generate import GenerationResponse
 from ..sampling import SamplingParams
 from ..stats import timings
+from .prepare import SPEC_HEADER
 
 SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 
@@ -141,3 +142,40 @@ def oai_chunk(base: dict, chat: bool, index: int, finish: str | None = None,
 def oai_usage_chunk(base: dict, chat: bool, results: list[GenerationResponse]) -> dict:
     return {**base, "object": "chat.completion.chunk" if chat else "text_completion",
             "choices": [], "usage": usage(results)}
+
+
+def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:
+    """Our X-Ngramspec-* headers: speculation on/off, and with a finished result its
+    acceptance rate and tokens per verify step."""
+    h = {SPEC_HEADER: "enabled" if speculative else "disabled"}
+    if result is not None:
+        h["X-Ngramspec-Acceptance-Rate"] = f"{result.acceptance_rate:.4f}"
+        h["X-Ngramspec-Effective-Speedup"] = f"{result.tokens_per_step:.3f}"
+    return h
+
+
+def prompt_text(model, tokens) -> str:
+    """The prompt as llama-server shows it: every token's piece, special ones included."""
+    return b"".join(model.piece(t, special=True) for t in tokens.tolist()).decode("utf-8",
+                                                                                  "replace")
+
+
+def slot_json(slot, n_ctx_slot: int, idle_params: dict, default_spec: SpecConfig) -> dict:
+    """One /slots entry (llama-server's, with our draft counters); `idle_params` are
+    shown for a slot without a job."""
+    job, st = slot.job, slot.st
+    if job is None:
+        params, processing = idle_params, False
+    else:
+        params = params_json(job.sampling, job.n_predict, job.stop, job.spec or default_spec,
+                             job.speculative)
+        processing = True
+    n_decoded = st.n_generated if st is not None else 0
+    return {"id": slot.id, "id_task": job.id if job is not None else -1, "n_ctx": n_ctx_slot,
+            "speculative": params["speculative"], "is_processing": processing,
+            "params": params,
+            "next_token": [{"has_next_token": processing, "has_new_line": slot.has_new_line,
+                            "n_remain": (job.n_predict - n_decoded) if job is not None else -1,
+                            "n_decoded": n_decoded}],
+            "draft_n": st.draft_n if st is not None else 0,
+            "draft_n_accepted": st.draft_n_accepted if st is not None else 0}

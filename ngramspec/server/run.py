@@ -19,7 +19,9 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from .prepare import Prepared, make_job
 from .scheduler import Event, Job, Scheduler
+from .state import ServerState
 
 
 class Disconnect:
@@ -170,6 +172,21 @@ class RunStreamingResponse(StreamingResponse):
             await super().__call__(scope, receive, send)
         finally:
             self.run.close()
+
+
+async def start_run(state: ServerState, request: Request, preps: list[Prepared],
+                    stream: bool) -> tuple[Run, list[Event]] | None:
+    """Submit one job per prepared prompt and wait until all have started; None if the
+    client left meanwhile (the jobs are cancelled)."""
+    run = Run(state.scheduler, request)
+    for prep in preps:
+        run.submit(lambda sink, prep=prep: make_job(prep, sink))
+    firsts = await run.start()
+    if firsts is None:
+        return None
+    if stream:
+        run.gone.stop()  # the streaming response watches the connection itself
+    return run, firsts
 
 
 def sse(obj: Any) -> str:
