@@ -176,6 +176,11 @@ def test_native_batch_prompts_as_llama_server(http):
         b = r.json()
         assert isinstance(b, list) and [x["index"] for x in b] == [0, 1]
         assert [x["content"] for x in b] == [one["content"]] * 2
+    single = http.post("/completion", json={"prompt": {"prompt_string": text}, "n_predict": 5})
+    assert single.json()["content"] == one["content"]
+    media = http.post("/completion", json={"prompt": {"prompt_string": text,
+                                                      "multimodal_data": ["aGk="]}})
+    assert media.status_code == 400
     mixed = http.post("/completion", json={"prompt": [2, 818, text, 3823], "n_predict": 2})
     assert isinstance(mixed.json()["content"], str)
     ev = sse_events(http, "/completion", {"prompt": [text, text], "n_predict": 5, "stream": True})
@@ -193,6 +198,9 @@ def test_verbose_carries_the_native_result(http):
     assert v["prompt"] == "<bos><start_of_turn>user\nWhat is the best book<end_of_turn>\n" \
                           "<start_of_turn>model\n"
     assert v["content"] == b["choices"][0]["message"]["content"]
+    off = http.post("/v1/chat/completions", json={  # per request, as llama-server's `verbose`
+        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, "verbose": False})
+    assert "__verbose" not in off.json()
 
 
 # ------------------------------------------------------------------ response shapes
@@ -299,3 +307,29 @@ def test_openai_client_chat_completions_streaming(server):
     s = list(oai.completions.create(model="m", prompt="Monday, Tuesday,", max_tokens=6,
                                     temperature=0, stream=True))
     assert "".join(x.choices[0].text for x in s if x.choices) == c.choices[0].text
+
+
+# ------------------------------------------------------------------ CORS
+
+
+def test_cors_preflight_and_origin(server):
+    r = httpx.options(server.url + "/completions", headers={
+        "Origin": "web.mydomain.fr", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "Authorization"})
+    assert r.status_code == 200
+    assert r.headers["Access-Control-Allow-Origin"] == "web.mydomain.fr"
+    assert r.headers["Access-Control-Allow-Credentials"] == "true"
+    assert r.headers["Access-Control-Allow-Methods"] == "GET, POST, DELETE, OPTIONS"
+    assert r.headers["Access-Control-Allow-Headers"] == "*"
+    r = httpx.get(server.url + "/health", headers={"Origin": "http://localhost:3000"})
+    assert r.headers["Access-Control-Allow-Origin"] == "http://localhost:3000"
+
+
+def test_cors_localhost_only():
+    from ngramspec.server.cors import allow_origin
+
+    for o in ("http://localhost", "http://127.0.0.1:3000", "http://[::1]:3000"):
+        assert allow_origin("localhost", o) == o
+    for o in ("http://evil.com", "http://notlocalhost", "http://localhost.evil.com", ""):
+        assert allow_origin("localhost", o) is None
+    assert allow_origin("https://a.example", "http://b.example") == "https://a.example"

@@ -16,6 +16,7 @@ from typing import Callable
 from fastapi import FastAPI
 
 from . import routes_native, routes_openai
+from .cors import CORSMiddleware
 from .errors import install_handlers
 from .settings import ServerSettings
 from .state import ServerState
@@ -45,6 +46,7 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     app = FastAPI(title="ngramspec", version=version, lifespan=lifespan)
     app.state.ngramspec = state
     install_handlers(app)
+    app.add_middleware(CORSMiddleware, origins="*")  # outermost: preflights skip the rest
     for module in (routes_native, routes_openai):
         app.include_router(module.public)
         app.include_router(module.router)

@@ -144,9 +144,12 @@ def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
 def split_prompts(prompt: Any) -> list:
     """llama-server's rule: a list with no number at its top level is a batch of prompts
     (each a string, token ids, a mixed list or {prompt_string}); anything else is one."""
-    if isinstance(prompt, list) and prompt and not any(isinstance(p, int) for p in prompt):
-        return [p.prompt_string if isinstance(p, PromptObject) else p for p in prompt]
-    return [prompt]
+    batch = (prompt if isinstance(prompt, list) and prompt
+             and not any(isinstance(p, int) for p in prompt) else [prompt])
+    for p in batch:
+        if isinstance(p, PromptObject) and p.multimodal_data:
+            raise APIError("multimodal_data: this model takes text only", "invalid_request_error")
+    return [p.prompt_string if isinstance(p, PromptObject) else p for p in batch]
 
 def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
     """A string, token ids, or llama.cpp's mixed list -> (tokens, prompt text)."""

@@ -88,7 +88,7 @@ async def oai_run(state: ServerState, body: _OpenAI, request: Request,
     out = {**base, "object": "chat.completion" if chat else "text_completion",
            "choices": choices, "usage": render.usage(results),
            "timings": results[-1].timings()}
-    if state.settings.verbose:
+    if state.settings.verbose if body.verbose is None else body.verbose:
         content, toks, ev = got[0]
         out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], 0, content, toks,
                                              ev, False)

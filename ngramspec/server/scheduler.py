@@ -267,10 +267,12 @@ class Scheduler:
     def _prefill(self, s: Slot, chunk: int) -> None:
         st = s.st
         out = self.engine.prefill(st, chunk)
+        c = self.counters
+        c.n_decode += 1  # a prompt chunk is one llama_decode of this slot alone
+        c.n_busy_slots += 1
         self._progress(s)
         if out is None:
             return
-        c = self.counters
         c.prompt_tokens += st.n_prompt - st.n_cached
         c.prompt_tokens_cached += st.n_cached
         c.prompt_seconds += st.t_prompt_done - st.t_start

@@ -34,11 +34,12 @@ class PromptObject(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     prompt_string: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
+    multimodal_data: list[Any] | None = None  # refused: this server has no media input
 
 
-#: a string, token ids, a mixed list of both, or a batch (a list of those, or objects)
-Prompt = Union[StrictStr, list[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]],
-                                     PromptObject]]]
+#: a string, token ids, a mixed list of both, an object, or a batch (a list of those)
+Prompt = Union[StrictStr, PromptObject,
+               list[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]], PromptObject]]]
 
 
 class _Generation(BaseModel):
@@ -61,6 +62,7 @@ class _Generation(BaseModel):
     prediction: Prediction | None = None
     timings_per_token: StrictBool = False  # `timings` in every streamed chunk
     return_progress: StrictBool = False  # `prompt_progress` chunks while streaming
+    verbose: StrictBool | None = None  # `__verbose` (the native result); default: --verbose
 
     @model_validator(mode="before")
     @classmethod
