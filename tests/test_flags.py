@@ -230,7 +230,8 @@ def test_chat_template_by_name_file_and_no_jinja(tmp_path):
 
 
 def test_cache_prompt_default_comes_from_the_flag():
-    from ngramspec.server.app import ServerState, prepare
+    from ngramspec.server.prepare import prepare
+    from ngramspec.server.state import ServerState
     from ngramspec.server.types import NativeCompletionRequest
 
     import numpy as np

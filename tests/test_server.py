@@ -265,17 +265,17 @@ def test_four_concurrent_slots_equal_sequential_spec_off(http):
 
 
 def test_requests_beyond_slots_are_deferred_not_rejected(http):
-    before = metric(http, "ngramspec:requests_deferred_total")
+    before = metric(http, "llamacpp:requests_deferred_total")
     with ThreadPoolExecutor(7) as ex:
         rs = list(ex.map(lambda p: http.post("/completion", json={"prompt": p, "n_predict": 6}),
                          PROMPTS + PROMPTS[:3]))
     assert [r.status_code for r in rs] == [200] * 7
-    assert metric(http, "ngramspec:requests_deferred_total") >= before + 1
+    assert metric(http, "llamacpp:requests_deferred_total") >= before + 1
     wait_idle(http)
 
 
 def test_disconnect_frees_slot(http, server):
-    before = metric(http, "ngramspec:requests_cancelled_total")
+    before = metric(http, "llamacpp:requests_cancelled_total")
     with httpx.Client(base_url=server.url, headers=AUTH, timeout=60) as c:
         with c.stream("POST", "/completion", json={"prompt": PROMPTS[3], "n_predict": 600,
                                                    "stream": True}) as r:
@@ -285,7 +285,7 @@ def test_disconnect_frees_slot(http, server):
     t0 = time.monotonic()
     wait_idle(http, timeout=5)
     assert time.monotonic() - t0 < 5
-    assert metric(http, "ngramspec:requests_cancelled_total") >= before + 1
+    assert metric(http, "llamacpp:requests_cancelled_total") >= before + 1
 
 
 def test_metrics(http):
@@ -294,13 +294,13 @@ def test_metrics(http):
     for name in ("requests_total", "prompt_tokens_total", "prompt_seconds_total",
                  "tokens_predicted_total", "tokens_predicted_seconds_total", "slots_busy",
                  "requests_deferred", "spec_pool_bytes", "spec_pool_occupancy"):
-        assert f"ngramspec:{name} " in text, name
-    assert metric(http, "ngramspec:spec_decode_num_drafts_total") >= 1
-    drafted = metric(http, "ngramspec:spec_decode_num_draft_tokens_total")
-    accepted = metric(http, "ngramspec:spec_decode_num_accepted_tokens_total")
+        assert f"llamacpp:{name} " in text, name
+    assert metric(http, "llamacpp:spec_decode_num_drafts_total") >= 1
+    drafted = metric(http, "llamacpp:spec_decode_num_draft_tokens_total")
+    accepted = metric(http, "llamacpp:spec_decode_num_accepted_tokens_total")
     assert 0 < accepted <= drafted
-    assert 'ngramspec:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
-    assert metric(http, "ngramspec:spec_pool_bytes") == 16 << 20
+    assert 'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"}' in text
+    assert metric(http, "llamacpp:spec_pool_bytes") == 16 << 20
 
 
 # ------------------------------------------------------------------ errors

@@ -141,8 +141,8 @@ def test_load(server):
     assert not failures, failures[:10]
     assert not health_bad, health_bad[:10]
     assert not any(s["is_processing"] for s in slots), slots
-    assert "ngramspec:requests_processing 0\n" in metrics
-    assert "ngramspec:requests_deferred 0\n" in metrics
+    assert "llamacpp:requests_processing 0\n" in metrics
+    assert "llamacpp:requests_deferred 0\n" in metrics
     assert stats["ok"] > 0 and stats["streams"] > 0 and stats["hangups"] > 0 and stats["bad_4xx"] > 0
     assert rss1 - rss0 < 150 * 1024, f"RSS grew {rss0} -> {rss1} KiB"
     assert server.proc.poll() is None

@@ -162,7 +162,7 @@ class EngineRunner:
 
     def _speculation(self, b) -> tuple[bool, SpecConfig | None]:
         """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""
-        from ..server.app import spec_override
+        from ..server.prepare import spec_override
 
         base = self.engine.spec
         cfg = base if b.speculative is None else spec_override(base, b.speculative)

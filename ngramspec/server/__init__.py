@@ -2,8 +2,10 @@
 
 Modules: settings (ServerSettings, defined once), types (request bodies),
 errors (the one exception -> error-body mapping), scheduler (slots, the engine
-thread), chat (templates), metrics (Prometheus text), app (FastAPI routes),
-command (the click command).
+thread), chat (templates), metrics (Prometheus text), state (ServerState and the
+route dependencies), prepare (request -> job), run (jobs on the scheduler from the
+event loop; disconnects), render (response JSON), routes_native / routes_openai
+(the endpoints), app (create_app), command (the click command).
 """
 from __future__ import annotations
 

@@ -106,31 +106,58 @@ def render_builtin(template: str, messages: list[dict]) -> str:
 
 
 def render_chat(template: str | None, messages: list[dict], bos: str = "", eos: str = "",
-                jinja: bool = True, extra: dict | None = None) -> str:
+                jinja: bool = True, extra: dict | None = None, continue_final: bool = False) -> str:
     """Prompt text for `messages` (without a leading BOS: tokenization adds it).
 
     `template`: None (Gemma's turn format), a built-in name, or a Jinja source;
-    `jinja=False` renders every template with llama.cpp's built-in formats."""
+    `jinja=False` renders every template with llama.cpp's built-in formats.
+    continue_final: the last (assistant) message is left open for the model to go on
+    with, no generation prompt after it (llama-server's assistant prefill)."""
     if not messages:
         raise ConfigError("'messages' must contain at least one message")
     if not template:
+        if continue_final:
+            return render_gemma(messages[:-1]) + messages[-1]["content"]
         return render_gemma(messages)
     if not jinja or template in builtin_templates():
         text = render_builtin(template, messages)
         return text[len(bos):] if bos and text.startswith(bos) else text
     try:
         text = _compile(template).render(**(extra or {}), messages=messages,
-                                         add_generation_prompt=True, bos_token=bos, eos_token=eos)
+                                         add_generation_prompt=not continue_final,
+                                         bos_token=bos, eos_token=eos)
     except ConfigError:
         raise
     except Exception as e:
         raise ConfigError(f"cannot apply the model's chat template: {e}") from None
     if bos and text.startswith(bos):
         text = text[len(bos):]
+    if continue_final:  # cut the template's end-of-turn after the last message's text
+        last = messages[-1]["content"].rstrip()
+        at = text.rfind(last) if last else -1
+        if at >= 0:
+            text = text[:at + len(last)]
     return text
 
 
-def chat_prompt(model, messages, settings=None) -> str:
+def continues_final(roles: list[str], add_generation_prompt: bool | None,
+                    continue_final_message: bool | None) -> bool:
+    """Whether the prompt continues the last message, by llama-server's rules: a trailing
+    assistant message is a prefill unless the request says otherwise; two trailing
+    assistant messages, or both flags true, are a client error."""
+    if continue_final_message is None and roles and roles[-1] == "assistant":
+        if len(roles) >= 2 and roles[-2] == "assistant":
+            raise ConfigError("Cannot have 2 or more assistant messages at the end of the list.")
+        return True
+    if continue_final_message and add_generation_prompt:
+        raise ConfigError("Cannot set both add_generation_prompt and continue_final_message "
+                          "to true.")
+    if continue_final_message and (not roles or roles[-1] != "assistant"):
+        raise ConfigError("continue_final_message needs an assistant message last")
+    return bool(continue_final_message)
+
+
+def chat_prompt(model, messages, settings=None, continue_final: bool = False) -> str:
     """Prompt text for chat messages (objects with `role` and `content`) with the
     model's template, or the one the server's flags chose (`settings`: a
     ServerSettings): what /v1/chat/completions and a batch record's `messages` run."""
@@ -140,7 +167,7 @@ def chat_prompt(model, messages, settings=None) -> str:
         template = chosen_template(settings) or template
         jinja, extra = settings.jinja, settings.chat_template_kwargs
     return render_chat(template, msgs, bos=model.bos_text, eos=model.eos_text, jinja=jinja,
-                       extra=extra)
+                       extra=extra, continue_final=continue_final)
 
 
 def chosen_template(settings) -> str | None:

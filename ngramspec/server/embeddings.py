@@ -101,7 +101,7 @@ class Embedder:
 
 def _inputs(state, prompt: Any) -> list[np.ndarray]:
     """A string, token ids, or a list of either -> token arrays (one per input)."""
-    from .app import tokenize_prompt
+    from .prepare import tokenize_prompt
 
     if isinstance(prompt, list) and prompt and not all(isinstance(p, int) for p in prompt):
         items = prompt

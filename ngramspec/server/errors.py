@@ -82,6 +82,9 @@ def to_api_error(exc: BaseException) -> APIError:
                         exc.status_code)
     if isinstance(exc, UnicodeDecodeError):
         return APIError("request body is not UTF-8", "invalid_request_error", 400)
+    if isinstance(exc, UnicodeEncodeError):  # text that is not Unicode (a lone surrogate)
+        return APIError(f"the request holds text that is not valid Unicode: {exc.reason}",
+                        "invalid_request_error", 400)
     log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return APIError(f"internal server error: {type(exc).__name__}: {exc}", "server_error", 500)
 
@@ -137,6 +140,6 @@ def install_handlers(app) -> None:
         return error_response(exc)
 
     for cls in (APIError, NgramSpecError, RequestValidationError, ValidationError, HTTPException,
-                UnicodeDecodeError):
+                UnicodeDecodeError, UnicodeEncodeError):
         app.add_exception_handler(cls, handler)
     app.add_middleware(CatchAllMiddleware)

@@ -1,8 +1,10 @@
-"""Prometheus text for GET /metrics (llama-server's metrics, `ngramspec:` prefix,
-vLLM-compatible speculative-decoding counter names)."""
+"""Prometheus text for GET /metrics: llama-server's metrics under its `llamacpp:` prefix
+(so that a llama-server dashboard works unchanged), its speculative-decoding counters
+(`spec_decode_*`, as llama.cpp's server has them), and ours (requests, slots, the n-gram
+pool) under the same prefix."""
 from __future__ import annotations
 
-PREFIX = "ngramspec:"
+PREFIX = "llamacpp:"
 
 
 def _fmt(v: float) -> str:
@@ -22,11 +24,15 @@ def render(sched, engine) -> str:
         ("requests_failed_total", "Requests that failed after being accepted", c.requests_failed),
         ("requests_rejected_total", "Requests refused because the queue was full", c.requests_rejected),
         ("requests_deferred_total", "Requests that waited for a free slot", c.requests_deferred_total),
-        ("prompt_tokens_total", "Number of prompt tokens processed", c.prompt_tokens),
+        ("prompt_tokens_total", "Number of prompt tokens processed, excluding cached tokens",
+         c.prompt_tokens),
+        ("prompt_tokens_cached_total", "Number of prompt tokens reused from the cache",
+         c.prompt_tokens_cached),
         ("prompt_seconds_total", "Total time spent processing prompts", c.prompt_seconds),
         ("tokens_predicted_total", "Number of generation tokens processed", c.predicted_tokens),
         ("tokens_predicted_seconds_total", "Total time spent generating tokens", c.predicted_seconds),
-        ("n_decode_total", "Batched llama_decode() calls of the generation steps", c.n_decode),
+        ("n_decode_total", "llama_decode() calls: prompt chunks and batched generation steps",
+         c.n_decode),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)", c.n_tokens_max),
         ("spec_decode_num_drafts_total", "Speculative: verification steps with a draft",
          c.num_drafts),

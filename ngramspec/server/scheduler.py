@@ -49,6 +49,7 @@ class Event:
     started: bool = False  # the first event: the job has a slot
     speculative: bool = False
     slot_id: int = -1
+    progress: dict | None = None  # prompt progress: total, cache, processed, time_ms
 
     @property
     def final(self) -> bool:
@@ -75,6 +76,7 @@ class Job:
     truncate_at_length: bool = False  # n_predict was clamped: "length" means the slot is full
     cache_prompt: bool = True
     prediction: np.ndarray | None = None  # the client's predicted output (drafts first)
+    return_progress: bool = False  # send a progress event at the start and per prompt chunk
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     finished: bool = False
@@ -106,6 +108,7 @@ class Counters:
     requests_deferred_total: int = 0
     requests_rejected: int = 0
     prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
     prompt_seconds: float = 0.0
     predicted_tokens: int = 0
     predicted_seconds: float = 0.0
@@ -143,13 +146,17 @@ class Scheduler:
     def start(self) -> None:
         self._thread.start()
 
-    def shutdown(self, timeout: float = 10.0, wait: bool = True) -> None:
-        """Stop the thread: after its current decode it fails every running and waiting
-        job with "the server is shutting down" (so no request waits for more tokens).
-        wait=False returns at once (safe from a signal handler on the event loop)."""
+    def stop(self) -> None:
+        """Ask the thread to stop without waiting: after its current decode it fails every
+        running and waiting job with 503 "shutting down", so their requests end at once
+        (safe from a signal handler on the event loop)."""
         with self.cv:
             self._stop = True
             self.cv.notify_all()
+
+    def shutdown(self, timeout: float = 10.0, wait: bool = True) -> None:
+        """stop(), then (wait=True) join the thread."""
+        self.stop()
         if wait and self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -262,10 +269,14 @@ class Scheduler:
     def _prefill(self, s: Slot, chunk: int) -> None:
         st = s.st
         out = self.engine.prefill(st, chunk)
+        c = self.counters
+        c.n_decode += 1  # a prompt chunk is one llama_decode of this slot alone
+        c.n_busy_slots += 1
+        self._progress(s)
         if out is None:
             return
-        c = self.counters
         c.prompt_tokens += st.n_prompt - st.n_cached
+        c.prompt_tokens_cached += st.n_cached
         c.prompt_seconds += st.t_prompt_done - st.t_start
         self._deliver(s, out)
 
@@ -295,6 +306,17 @@ class Scheduler:
         s.st = st
         s.gen = Generation(self.engine.model, st, job.stop, job.truncate_at_length)
         job.sink(Event(started=True, speculative=st.speculative, slot_id=s.id))
+        self._progress(s)
+
+    def _progress(self, s: Slot) -> None:
+        """The prompt's progress, for a job that asked for it (llama-server's
+        prompt_progress: `processed` counts the cached tokens too)."""
+        st = s.st
+        if s.job.return_progress:
+            t = (st.t_prompt_done or time.perf_counter()) - st.t_start if st.n_hist > st.n_cached else 0.0
+            s.job.sink(Event(slot_id=s.id, progress={
+                "total": st.n_prompt, "cache": st.n_cached, "processed": st.n_hist,
+                "time_ms": t * 1e3}))
 
     def _deliver(self, s: Slot, out: StepOutput) -> None:
         r = s.gen.push(out)

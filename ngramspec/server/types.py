@@ -29,6 +29,19 @@ class Prediction(BaseModel):
     content: Union[StrictStr, list["ContentPart"], list[StrictInt]]
 
 
+class PromptObject(BaseModel):
+    """llama-server's `{"prompt_string": ...}` element of a batch of prompts."""
+
+    model_config = ConfigDict(extra="ignore")
+    prompt_string: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
+    multimodal_data: list[Any] | None = None  # refused: this server has no media input
+
+
+#: a string, token ids, a mixed list of both, an object, or a batch (a list of those)
+Prompt = Union[StrictStr, PromptObject,
+               list[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]], PromptObject]]]
+
+
 class _Generation(BaseModel):
     """Fields shared by every generation endpoint (llama-server and OpenAI names)."""
 
@@ -47,6 +60,9 @@ class _Generation(BaseModel):
     speculative: SpeculativeParams | None = None
     cache_prompt: StrictBool | None = None  # reuse the slot's cached prefix (None: --cache-prompt)
     prediction: Prediction | None = None
+    timings_per_token: StrictBool = False  # `timings` in every streamed chunk
+    return_progress: StrictBool = False  # `prompt_progress` chunks while streaming
+    verbose: StrictBool | None = None  # `__verbose` (the native result); default: --verbose
 
     @model_validator(mode="before")
     @classmethod
@@ -100,7 +116,7 @@ class _OpenAI(_Generation):
 class CompletionRequest(_OpenAI):
     """POST /v1/completions"""
 
-    prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    prompt: Prompt
     echo: StrictBool = False
 
 
@@ -122,15 +138,35 @@ class ChatCompletionRequest(_OpenAI):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=-1)
     tools: list[Any] | None = None
+    add_generation_prompt: StrictBool | None = None
+    continue_final_message: StrictBool | None = None  # vLLM's name for the assistant prefill
 
 
 class NativeCompletionRequest(_Generation):
     """POST /completion (llama.cpp native)"""
 
-    prompt: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
+    prompt: Prompt
     n_predict: StrictInt | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
+    response_fields: list[StrictStr] | None = None  # only these fields ('/' paths)
     response_format: ResponseFormat | None = None
 
 
 Prediction.model_rebuild()
+
+
+class TokenizeRequest(BaseModel):
+    """POST /tokenize: `content` is text or llama.cpp's mixed list of text and token ids."""
+
+    model_config = ConfigDict(extra="ignore")
+    content: Union[StrictStr, list[Union[StrictInt, StrictStr]]] | None = None
+    add_special: StrictBool = False
+    parse_special: StrictBool = True
+    with_pieces: StrictBool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """POST /detokenize"""
+
+    model_config = ConfigDict(extra="ignore")
+    tokens: list[StrictInt] = Field(default_factory=list)

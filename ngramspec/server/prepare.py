@@ -1,0 +1,253 @@
+"""Request -> job preparation: parse and check the body, tokenize the prompt(s), clamp
+to the slot's context, build the sampling and speculation settings (`prepare`), and the
+scheduler `Job` from that (`make_job`). No response rendering and no routes here.
+
+Client mistakes raise ConfigError / TokenError / APIError / ContextOverflow, which
+`errors.to_api_error` turns into 4xx bodies.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+from fastapi import Request
+
+from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
+from ..errors import ConfigError, TokenError
+from ..model import ContextOverflow
+from ..sampling import SamplingParams, json_grammar, schema_grammar
+from .chat import chat_prompt, continues_final
+from .errors import APIError
+from .scheduler import Job
+from .state import ServerState
+from .types import ChatCompletionRequest, PromptObject, SpeculativeParams, _Generation
+
+SPEC_HEADER = "X-Ngramspec-Speculative"
+OFF_VALUES = {"off", "disabled", "false", "0", "none", "no"}
+ON_VALUES = {"on", "enabled", "true", "1", "yes", ""}
+
+
+@dataclass
+class Prepared:
+    tokens: np.ndarray
+    prompt_text: str
+    sampling: SamplingParams
+    n_predict: int
+    truncate_at_length: bool
+    speculative: bool
+    spec: SpecConfig | None
+    stop: list[str]
+    cache_prompt: bool = True
+    prediction: np.ndarray | None = None
+    timings_per_token: bool = False
+    return_progress: bool = False  # streaming requests only, as llama-server
+
+def _clamp(v: int, lo: int, hi: int | None = None) -> int:
+    v = max(v, lo)
+    return min(v, hi) if hi is not None else v
+
+def spec_override(base: SpecConfig, sp: SpeculativeParams) -> SpecConfig:
+    """Apply a request's `speculative` object to the server's config (clamped, validated).
+
+    n_max -> draft_max (>= 0); n_min -> draft_min (0..n_max); ngram_size_n ->
+    every type's key length (ngram-mod n_match); ngram_size_m -> every type's
+    drafted length (ngram-mod n_max); sizes clamped to [1, 1024].
+    """
+    cfg = base
+    if sp.type is not None:
+        cfg = replace(cfg, types=parse_spec_types(sp.type))
+    if sp.ngram_size_n is not None:
+        n = _clamp(sp.ngram_size_n, 1, NGRAM_LIMIT)
+        cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_n=n),
+                      ngram_map_k=replace(cfg.ngram_map_k, size_n=n),
+                      ngram_map_k4v=replace(cfg.ngram_map_k4v, size_n=n),
+                      ngram_mod=replace(cfg.ngram_mod, n_match=n))
+    if sp.ngram_size_m is not None:
+        m = _clamp(sp.ngram_size_m, 1, NGRAM_LIMIT)
+        cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_m=m),
+                      ngram_map_k=replace(cfg.ngram_map_k, size_m=m),
+                      ngram_map_k4v=replace(cfg.ngram_map_k4v, size_m=m),
+                      ngram_mod=replace(cfg.ngram_mod, n_max=m, n_min=min(cfg.ngram_mod.n_min, m)))
+    draft_max = cfg.draft_max if sp.n_max is None else _clamp(sp.n_max, 0)
+    draft_min = cfg.draft_min if sp.n_min is None else _clamp(sp.n_min, 0)
+    if draft_max is not None:
+        draft_min = min(draft_min, draft_max)
+    return replace(cfg, draft_max=draft_max, draft_min=draft_min)
+
+def _speculation(state: ServerState, req: _Generation, request: Request) -> tuple[bool, SpecConfig | None]:
+    on = True
+    hdr = request.headers.get(SPEC_HEADER)
+    if hdr is not None:
+        v = hdr.strip().lower()
+        if v in OFF_VALUES:
+            on = False
+        elif v not in ON_VALUES:
+            raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
+    cfg = state.settings.spec
+    if req.speculative is not None:
+        cfg = spec_override(cfg, req.speculative)
+    has_draft_model = state.engine.draft_drafter is not None
+    on = on and (cfg.enabled or has_draft_model or req.prediction is not None)
+    return on, (None if cfg == state.engine.spec else cfg)
+
+def _grammar(req: _Generation) -> str | None:
+    sources = []
+    if req.grammar is not None:
+        sources.append(("grammar", req.grammar))
+    if req.json_schema is not None:
+        sources.append(("json_schema", schema_grammar(req.json_schema or {"type": "object"})))
+    rf = getattr(req, "response_format", None)
+    if rf is not None and rf.type != "text":
+        schema = rf.schema_
+        if rf.type == "json_schema":
+            schema = (rf.json_schema.schema_ if rf.json_schema is not None else None) or schema
+            if schema is None:
+                raise ConfigError("response_format.json_schema.schema is required for "
+                                  "type 'json_schema'")
+        sources.append(("response_format",
+                        schema_grammar(schema) if schema is not None else json_grammar()))
+    if len(sources) > 1:
+        raise ConfigError("use only one of " + ", ".join(n for n, _ in sources))
+    return sources[0][1] if sources else None
+
+def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
+    d = state.settings.sampling
+    pick = lambda v, default: default if v is None else v  # noqa: E731
+    seed = pick(req.seed, d.seed)
+    repeat_last_n = pick(req.repeat_last_n, d.repeat_last_n)
+    if repeat_last_n == -1:
+        repeat_last_n = state.n_ctx_slot
+    for name in ("top_p", "min_p"):
+        v = getattr(req, name)
+        if v is not None and not 0.0 <= v <= 1.0:
+            raise ConfigError(f"{name} must be between 0 and 1, got {v}")
+    if req.repeat_penalty is not None and req.repeat_penalty <= 0:
+        raise ConfigError(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
+    return SamplingParams(temperature=float(pick(req.temperature, d.temperature)),
+                          top_k=pick(req.top_k, d.top_k), top_p=float(pick(req.top_p, d.top_p)),
+                          min_p=float(pick(req.min_p, d.min_p)),
+                          repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
+                          repeat_last_n=repeat_last_n,
+                          seed=0xFFFFFFFF if seed == -1 else seed,
+                          grammar=_grammar(req) or d.grammar)
+
+def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
+    n_vocab = state.engine.model.n_vocab
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise TokenError(f"prompt token {i} is {t}, outside the vocabulary [0, {n_vocab})")
+    return np.asarray(tokens, dtype=np.int32)
+
+def split_prompts(prompt: Any) -> list:
+    """llama-server's rule: a list with no number at its top level is a batch of prompts
+    (each a string, token ids, a mixed list or {prompt_string}); anything else is one."""
+    batch = (prompt if isinstance(prompt, list) and prompt
+             and not any(isinstance(p, int) for p in prompt) else [prompt])
+    for p in batch:
+        if isinstance(p, PromptObject) and p.multimodal_data:
+            raise APIError("multimodal_data: this model takes text only", "invalid_request_error")
+    return [p.prompt_string if isinstance(p, PromptObject) else p for p in batch]
+
+def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
+    """A string, token ids, or llama.cpp's mixed list -> (tokens, prompt text)."""
+    model = state.engine.model
+    if isinstance(prompt, str):
+        if not prompt:
+            raise ConfigError("the prompt is empty")
+        return model.tokenize(prompt, add_special=True, parse_special=True), prompt
+    if not prompt:
+        raise ConfigError("the prompt is empty")
+    out: list[int] = []
+    for i, p in enumerate(prompt):
+        if isinstance(p, str):
+            out.extend(model.tokenize(p, add_special=i == 0, parse_special=True).tolist())
+        elif isinstance(p, int):
+            out.append(p)
+        else:
+            raise ConfigError("a prompt holding token ids may contain only token ids and "
+                              "strings")
+    tokens = check_tokens(state, out)
+    if len(tokens) == 0:
+        raise ConfigError("the prompt is empty")
+    return tokens, model.detokenize(tokens)
+
+def _prediction(state: ServerState, req: _Generation) -> np.ndarray | None:
+    """The request's predicted output as token ids (no BOS), or None."""
+    p = req.prediction
+    if p is None:
+        return None
+    c = p.content
+    if isinstance(c, list) and c and isinstance(c[0], int):
+        return check_tokens(state, c)
+    text = c if isinstance(c, str) else "".join(part.text or "" for part in c)
+    return state.engine.model.tokenize(text, add_special=False, parse_special=False)
+
+def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.ndarray,
+            prompt_text: str, n_predict: int | None) -> Prepared:
+    n = len(tokens)
+    if n >= state.n_ctx_slot:
+        err = ContextOverflow(n, state.n_ctx_slot)
+        err.args = (f"the request exceeds the available context size: the prompt has {n} tokens "
+                    f"and a slot holds {state.n_ctx_slot} (-c {state.settings.n_ctx} shared by "
+                    f"{state.settings.n_parallel} slots)",)
+        raise err
+    room = state.n_ctx_slot - n
+    want = state.settings.n_predict if n_predict is None else n_predict
+    speculative, spec = _speculation(state, req, request)
+    return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
+                    n_predict=room if want < 0 else min(want, room),
+                    truncate_at_length=want < 0 or want > room, speculative=speculative,
+                    spec=spec, stop=req.stop_list(),
+                    cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
+                    else req.cache_prompt,
+                    prediction=_prediction(state, req), timings_per_token=req.timings_per_token,
+                    return_progress=req.return_progress and req.stream)
+
+def render_messages(state: ServerState, body: ChatCompletionRequest) -> str:
+    """The chat request's prompt text (assistant prefill and its checks as llama-server)."""
+    cont = continues_final([m.role for m in body.messages], body.add_generation_prompt,
+                           body.continue_final_message)
+    return chat_prompt(state.engine.model, body.messages, state.settings, continue_final=cont)
+
+async def parse_body(request: Request, model: type):
+    """The JSON body validated as `model`, whatever the Content-Type (as llama-server)."""
+    raw = await request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(f"malformed JSON body: {e}", "invalid_request_error") from None
+    if not isinstance(data, dict):
+        raise APIError("the request body must be a JSON object", "invalid_request_error")
+    if _SURROGATE_ESCAPE.search(raw):
+        _check_unicode(data)
+    return model.model_validate(data)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _check_unicode(value: Any, where: str = "body") -> None:
+    """400 for a string holding a lone surrogate (valid JSON, e.g. "\\ud800", but not
+    text: it cannot be tokenized); a proper escaped pair decodes to one character."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(f"{where}: the string holds a lone UTF-16 surrogate, which is not "
+                           "valid Unicode", "invalid_request_error") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_unicode(k, where)
+            _check_unicode(v, f"{where}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _check_unicode(v, f"{where}[{i}]")
+
+def make_job(prep: Prepared, sink) -> Job:
+    return Job(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
+               speculative=prep.speculative, spec=prep.spec, stop=prep.stop, sink=sink,
+               truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
+               prediction=prep.prediction, return_progress=prep.return_progress)

@@ -1,0 +1,181 @@
+"""Pure response rendering: llama-server's JSON shapes from a finished or partial job.
+
+No I/O and no server state here: every function takes what it shows. Shapes follow
+llama-server (server-task.cpp): the native /completion final and partial objects,
+OpenAI's completion and chat objects and chunks, `usage`, `generation_settings`,
+`prompt_progress`, `system_fingerprint` (llama.cpp's `b<build>-<commit>` form).
+"""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from typing import Any
+
+from ..config import SpecConfig
+from ..generate import GenerationResponse
+from ..sampling import SamplingParams
+from ..stats import timings
+from .prepare import SPEC_HEADER
+
+SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+
+
+@lru_cache(maxsize=1)
+def system_fingerprint() -> str:
+    """`b<build>-<commit>` as llama-server; the bundled llama.cpp exposes no build number
+    or commit, so a stable b0-<hash of the ngramspec version>."""
+    from .. import __version__
+
+    return "b0-" + hashlib.sha1(f"ngramspec {__version__}".encode()).hexdigest()[:8]
+
+
+def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec: SpecConfig,
+                speculative: bool, stream: bool = False, timings_per_token: bool = False) -> dict:
+    """llama-server's `generation_settings` / slot `params` object."""
+    mod_only = spec.types == ("ngram-mod",)
+    return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
+            "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
+            "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "stop": stop, "max_tokens": n_predict, "stream": stream,
+            "grammar": sampling.grammar or "", "samplers": SAMPLERS,
+            "speculative": speculative,
+            "speculative.types": ",".join(spec.types) or "none",
+            "speculative.n_max": spec.max_draft(), "speculative.n_min": spec.draft_min,
+            "speculative.ngram_size_n": spec.ngram_mod.n_match if mod_only
+            else spec.ngram_simple.size_n,
+            "speculative.ngram_size_m": spec.ngram_mod.n_max if mod_only
+            else spec.ngram_simple.size_m,
+            "timings_per_token": timings_per_token}
+
+
+def pick_fields(paths: list[str], obj: dict) -> dict:
+    """llama-server's `response_fields`: only these fields, a nested one named by its
+    '/'-separated path (the key is the path itself); missing paths are left out."""
+    out = {}
+    for path in paths:
+        cur: Any = obj
+        for k in path.split("/"):
+            if not (isinstance(cur, dict) and k in cur):
+                break
+            cur = cur[k]
+        else:
+            out[path] = cur
+    return out
+
+
+def progress_json(total: int, cache: int, processed: int, time_ms: float) -> dict:
+    return {"total": total, "cache": cache, "processed": processed, "time_ms": time_ms}
+
+
+def progress_timings(p: dict) -> dict:
+    """`timings` of a prompt-progress chunk: the prompt so far, nothing predicted yet."""
+    return timings(p["processed"] - p["cache"], p["time_ms"], 0, 0.0, cache_n=p["cache"])
+
+
+def usage(results: list[GenerationResponse]) -> dict:
+    """OpenAI usage summed over a request's choices (one per prompt)."""
+    prompt = sum(r.prompt_tokens for r in results)
+    completion = sum(r.generation_tokens for r in results)
+    return {"completion_tokens": completion, "prompt_tokens": prompt,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in results)}}
+
+
+def native_partial(index: int, r: GenerationResponse, n_prompt: int, slot_id: int,
+                   with_timings: bool) -> dict:
+    """A streamed /completion chunk (llama-server's partial result)."""
+    out = {"index": index, "content": r.text, "tokens": r.tokens, "stop": False,
+           "id_slot": slot_id, "tokens_predicted": r.generation_tokens,
+           "tokens_evaluated": n_prompt}
+    if with_timings:
+        out["timings"] = r.timings()
+    return out
+
+
+def native_progress(index: int, progress: dict, n_prompt: int, slot_id: int,
+                    with_timings: bool) -> dict:
+    out = {"index": index, "content": "", "tokens": [], "stop": False, "id_slot": slot_id,
+           "tokens_predicted": 0, "tokens_evaluated": n_prompt, "prompt_progress": progress}
+    if with_timings:
+        out["timings"] = progress_timings(progress)
+    return out
+
+
+def native_final(index: int, content: str, tokens: list[int], r: GenerationResponse,
+                 model: str, settings: dict, prompt: str) -> dict:
+    """/completion's final object (all of it; `pick_fields` trims it)."""
+    return {"index": index, "content": content, "tokens": tokens, "id_slot": r.slot_id,
+            "stop": True, "model": model, "tokens_predicted": r.generation_tokens,
+            "tokens_evaluated": r.prompt_tokens, "generation_settings": settings,
+            "prompt": prompt, "has_new_line": "\n" in content, "truncated": r.truncated,
+            "stop_type": r.stop_type, "stopping_word": r.stopping_word,
+            "tokens_cached": r.cache_n, "timings": r.timings()}
+
+
+def oai_base(cid: str, created: int, model: str) -> dict:
+    return {"id": cid, "created": created, "model": model,
+            "system_fingerprint": system_fingerprint()}
+
+
+def oai_choice(chat: bool, index: int, text: str, finish: str | None) -> dict:
+    """A non-streamed choice: chat `message` or completion `text`."""
+    if chat:
+        return {"index": index, "message": {"role": "assistant", "content": text},
+                "logprobs": None, "finish_reason": finish}
+    return {"index": index, "text": text, "logprobs": None, "finish_reason": finish}
+
+
+def oai_chunk(base: dict, chat: bool, index: int, finish: str | None = None,
+              text: str | None = None, role: bool = False) -> dict:
+    """One streamed chunk. Chat: the first has delta {role: assistant, content: null},
+    text deltas {content}, the last {} with its finish_reason (as llama-server)."""
+    if chat:
+        delta: dict = {"role": "assistant", "content": None} if role else {}
+        if text is not None:
+            delta["content"] = text
+        choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {**base, "object": "chat.completion.chunk", "choices": [choice]}
+    choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+    return {**base, "object": "text_completion", "choices": [choice]}
+
+
+def oai_usage_chunk(base: dict, chat: bool, results: list[GenerationResponse]) -> dict:
+    return {**base, "object": "chat.completion.chunk" if chat else "text_completion",
+            "choices": [], "usage": usage(results)}
+
+
+def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:
+    """Our X-Ngramspec-* headers: speculation on/off, and with a finished result its
+    acceptance rate and tokens per verify step."""
+    h = {SPEC_HEADER: "enabled" if speculative else "disabled"}
+    if result is not None:
+        h["X-Ngramspec-Acceptance-Rate"] = f"{result.acceptance_rate:.4f}"
+        h["X-Ngramspec-Effective-Speedup"] = f"{result.tokens_per_step:.3f}"
+    return h
+
+
+def prompt_text(model, tokens) -> str:
+    """The prompt as llama-server shows it: every token's piece, special ones included."""
+    return b"".join(model.piece(t, special=True) for t in tokens.tolist()).decode("utf-8",
+                                                                                  "replace")
+
+
+def slot_json(slot, n_ctx_slot: int, idle_params: dict, default_spec: SpecConfig) -> dict:
+    """One /slots entry (llama-server's, with our draft counters); `idle_params` are
+    shown for a slot without a job."""
+    job, st = slot.job, slot.st
+    if job is None:
+        params, processing = idle_params, False
+    else:
+        params = params_json(job.sampling, job.n_predict, job.stop, job.spec or default_spec,
+                             job.speculative)
+        processing = True
+    n_decoded = st.n_generated if st is not None else 0
+    return {"id": slot.id, "id_task": job.id if job is not None else -1, "n_ctx": n_ctx_slot,
+            "speculative": params["speculative"], "is_processing": processing,
+            "params": params,
+            "next_token": [{"has_next_token": processing, "has_new_line": slot.has_new_line,
+                            "n_remain": (job.n_predict - n_decoded) if job is not None else -1,
+                            "n_decoded": n_decoded}],
+            "draft_n": st.draft_n if st is not None else 0,
+            "draft_n_accepted": st.draft_n_accepted if st is not None else 0}
