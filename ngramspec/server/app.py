@@ -34,6 +34,7 @@ from .errors import APIError, error_body, install_handlers, loading_error, to_ap
 from ..generate import GenerationResponse
 from .embeddings import embedding_router
 from .scheduler import Event, Job, Scheduler
+from .slot_actions import context_shift, slot_actions_router
 from .settings import ServerSettings, load_options
 from .types import (ChatCompletionRequest, CompletionRequest, NativeCompletionRequest,
                     SpeculativeParams, _Generation, _OpenAI)
@@ -107,6 +108,8 @@ class Prepared:
     stop: list[str]
     cache_prompt: bool = True
     prediction: np.ndarray | None = None
+    id_slot: int = -1
+    context_shift: tuple[int, int] | None = None
 
 
 def _clamp(v: int, lo: int, hi: int | None = None) -> int:
@@ -256,9 +259,12 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     room = state.n_ctx_slot - n
     want = state.settings.n_predict if n_predict is None else n_predict
     speculative, spec = _speculation(state, req, request)
+    shift = context_shift(state.settings, req)
     return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
-                    n_predict=room if want < 0 else min(want, room),
-                    truncate_at_length=want < 0 or want > room, speculative=speculative,
+                    n_predict=want if shift else room if want < 0 else min(want, room),
+                    truncate_at_length=not shift and (want < 0 or want > room),
+                    id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
+                    context_shift=shift, speculative=speculative,
                     spec=spec, stop=req.stop_list(),
                     cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
                     else req.cache_prompt,
@@ -318,7 +324,8 @@ async def submit(state: ServerState, request: Request, prep: Prepared) -> tuple[
                   speculative=prep.speculative, spec=prep.spec, stop=prep.stop,
                   sink=_sink(asyncio.get_running_loop(), queue), queue=queue,
                   truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
-                  prediction=prep.prediction)
+                  prediction=prep.prediction, id_slot=prep.id_slot,
+                  context_shift=prep.context_shift)
     state.scheduler.submit(job)
     try:
         ev = await _next_event(job, request)
@@ -681,4 +688,5 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     app.include_router(public)
     app.include_router(api)
     app.include_router(embedding_router(state, settings, [Depends(require_key)]))
+    app.include_router(slot_actions_router(state, [Depends(require_key), Depends(require_ready)]))
     return app

@@ -47,6 +47,9 @@ class _Generation(BaseModel):
     speculative: SpeculativeParams | None = None
     cache_prompt: StrictBool | None = None  # reuse the slot's cached prefix (None: --cache-prompt)
     prediction: Prediction | None = None
+    id_slot: StrictInt = Field(-1, ge=-1)  # run in this slot (modulo the slot count); -1: any
+    n_keep: StrictInt | None = Field(None, ge=-1)  # context shift: tokens kept (None: --keep)
+    n_discard: StrictInt = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
 
     @model_validator(mode="before")
     @classmethod
