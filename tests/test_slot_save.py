@@ -50,6 +50,22 @@ def test_filenames_as_llama_cpp():
         assert not valid_filename(bad), bad
 
 
+def test_token_payload_is_llama_servers():
+    import numpy as np
+
+    from ngramspec.slot_state import SlotFileError, pack, unpack
+
+    toks = np.array([2, 100, 7], np.int32)
+    assert pack(toks).tolist() == [-1, 1, 3, 2, 100, 7, 0]  # NULL, version, n, tokens, 0 media
+    assert unpack(pack(toks)).tolist() == [2, 100, 7]
+    assert unpack(toks).tolist() == [2, 100, 7]  # a plain list (older servers)
+    assert unpack(np.zeros(0, np.int32)).tolist() == []
+    for words, why in (([-1, 2, 0, 0], "version"), ([-1, 1, 1, 5, 1, 0], "mmproj"),
+                       ([-1, 1, 3, 5], "truncated"), ([-1, 1, 0, 0, 9], "Trailing")):
+        with pytest.raises(SlotFileError, match=why):
+            unpack(np.array(words, np.int32))
+
+
 @pytest.mark.model
 def test_slot_actions_need_a_save_path_and_props_flag():
     with client() as c:
