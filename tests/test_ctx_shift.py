@@ -21,9 +21,11 @@ REPEAT = "Repeat this text exactly:\n" + "The quick brown fox jumps over the laz
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
         "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n\ndef ")
 GREEDY = SamplingParams(temperature=0.0)
+LONG = REPEAT * 3  # 217 tokens: fits a 256-token slot, leaves ~40 to generate
+LONG_CODE = CODE * 4  # 233 tokens
 
 
-def run(engine, prompt, speculative, shift, n_predict=150, seq_id=0):
+def run(engine, prompt, speculative, shift, n_predict=80, seq_id=0):
     st = engine.start(seq_id, prompt, GREEDY, n_predict, speculative, context_shift=shift)
     out = None
     while out is None:
@@ -35,30 +37,33 @@ def run(engine, prompt, speculative, shift, n_predict=150, seq_id=0):
     return tokens, st
 
 
-@pytest.mark.parametrize("text,shift", [(REPEAT, (0, 0)), (CODE, (-1, 0)), (CODE, (8, 20))])
-def test_shifted_run_spec_on_equals_spec_off(make_engine, model, logit_log, text, shift):
-    """n_ctx 128 per sequence, ~150 tokens out: two or more shifts per run; ngram-mod
-    drafts are partly rejected after each shift (rollbacks into the shifted cells)."""
+@pytest.mark.parametrize("text,shift,n_shifts", [(LONG, (0, 0), 1), (LONG, (-1, 0), 2),
+                                                  (LONG_CODE, (8, 20), 3)])
+def test_shifted_run_spec_on_equals_spec_off(make_engine, model, logit_log, text, shift, n_shifts):
+    """A 256-token slot nearly full of prompt, 80 tokens out: one shift of half the
+    slot, or several small ones (n_keep = the whole prompt; n_discard 20); ngram-mod
+    drafts are partly rejected after a shift (rollbacks into the freed cells)."""
     prompt = model.tokenize(text)
     spec = SpecConfig(types=parse_spec_types("ngram-mod"))
-    eng = make_engine(spec, n_seq=2, n_ctx=256)
-    assert eng.ctx.n_ctx_seq == 128
+    eng = make_engine(spec, n_seq=2, n_ctx=512)
+    assert eng.ctx.n_ctx_seq == 256
     off, st_off = run(eng, prompt, False, shift)
     ref = logit_log.pop(id(st_off.sampler))
     on, st_on = run(eng, prompt, True, shift, seq_id=1)
-    assert st_off.n_shifted >= 2 * 20 and st_on.n_shifted == st_off.n_shifted
+    assert st_on.n_shifted == st_off.n_shifted
+    assert st_off.n_shifted >= n_shifts * (20 if shift[1] else 10)
     assert st_on.steps < st_off.steps  # speculation did verify drafts
     assert on == off and logit_log[id(st_on.sampler)] == ref
-    assert len(off) == 150 and st_off.finish_reason == "length"
+    assert len(off) == 80 and st_off.finish_reason == "length"
 
 
 def test_shift_keeps_n_keep_and_drops_half_the_rest(make_engine, model):
     """llama-server's numbers: n_keep (+1 for BOS), n_discard = (n_past - n_keep) / 2."""
-    eng = make_engine(SpecConfig(types=()), n_seq=2, n_ctx=256)
-    prompt = model.tokenize(CODE)
-    _, st = run(eng, prompt, False, (10, 0), n_predict=128 - len(prompt))
+    eng = make_engine(SpecConfig(types=()), n_seq=2, n_ctx=512)
+    prompt = model.tokenize(LONG_CODE)
+    _, st = run(eng, prompt, False, (10, 0), n_predict=256 - len(prompt) + 4)
     n_keep = 10 + int(model.add_bos)
-    assert st.n_keep == n_keep and st.n_shifted == (127 - n_keep) // 2  # exactly one shift
+    assert st.n_keep == n_keep and st.n_shifted == (255 - n_keep) // 2  # exactly one shift
     kept = st.tokens[:n_keep]
     assert np.array_equal(kept, prompt[:n_keep])
     lo, hi = eng.ctx.positions(0)
@@ -77,8 +82,6 @@ def client(shift: bool, n_ctx: int = 512):
                        spec=SpecConfig(types=parse_spec_types("ngram-mod")))
     return TestClient(create_app(s, load_async=False))
 
-
-LONG = REPEAT * 4  # ~220 tokens: fits a 256-token slot, leaves ~30 to generate
 
 
 def test_server_shift_on():
