@@ -20,6 +20,12 @@ Invariants (per sequence, after every step):
 - Spec-off is the same loop with empty drafts, so the two modes differ only in
   how many tokens one llama_decode evaluates.
 - A draft never makes a step overshoot n_predict or the context.
+- Context shift (a sequence started with `context_shift`): before a step whose
+  token would take the slot's last cell (n_hist + 1 >= n_ctx_seq), n_discard
+  tokens after n_keep are dropped from the KV and the history and the rest move
+  down (llama-server's rule, `_shift`). Drafts never cross that point, so the
+  shift happens at the same token with speculation on and off. Only the tokens
+  before n_keep keep the values a fresh prefill gives (`n_unshifted`).
 - Prompt tokens are evaluated by `Context.prefill` (tiled attention, 64+ rows)
   when the prompt has 64 tokens or more, else by one ordinary decode; either way
   the prompt's KV is a function of the prompt alone (docs/exactness.md), so a
@@ -69,6 +75,10 @@ class SeqState:
     t_start: float = 0.0
     t_prompt_done: float = 0.0
     t_last: float = 0.0
+    n_keep: int | None = None  # context shift: tokens kept (None: no shift, stop when full)
+    n_discard: int = 0  # context shift: tokens dropped per shift (0: half of the rest)
+    n_shifted: int = 0  # tokens dropped by context shifts so far
+    n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
 
     @property
     def done(self) -> bool:
@@ -170,13 +180,17 @@ class Engine:
 
     def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
               n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
-              cache_prompt: bool = True, prediction: Sequence[int] | None = None) -> SeqState:
+              cache_prompt: bool = True, prediction: Sequence[int] | None = None,
+              context_shift: tuple[int, int] | None = None) -> SeqState:
         """Admit a new sequence: sampler, speculation and the slot's cached prefix.
         Nothing is evaluated: `prefill` does that.
 
         `spec` overrides the engine's SpecConfig for this sequence; speculative=False
         or an empty type list turns drafting off for it. `prediction` (token ids of
         the output the client expects) drafts first, whatever the spec types.
+        `context_shift` = (n_keep, n_discard) as a llama-server request gives them
+        (n_keep -1: the whole prompt): the sequence shifts instead of stopping when
+        its context is full, and n_predict < 0 means until end of generation.
         """
         prompt = as_tokens(prompt, "prompt")
         if len(prompt) == 0:
@@ -184,14 +198,21 @@ class Engine:
         n_ctx = self.ctx.n_ctx_seq
         if len(prompt) >= n_ctx:
             raise ContextOverflow(len(prompt), n_ctx)
-        n_predict = n_ctx - len(prompt) if n_predict is None or n_predict < 0 else n_predict
-        n_predict = min(n_predict, n_ctx - len(prompt))
+        if context_shift is not None:
+            n_predict = 1 << 62 if n_predict is None or n_predict < 0 else n_predict
+        else:
+            n_predict = n_ctx - len(prompt) if n_predict is None or n_predict < 0 else n_predict
+            n_predict = min(n_predict, n_ctx - len(prompt))
         cfg = self.spec if spec is None else spec
         sampler = Sampler(self.ctx, sampling)
         st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
                       tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
         st.t_start = time.perf_counter()
         st.tokens[:len(prompt)] = prompt
+        if context_shift is not None:
+            keep, st.n_discard = context_shift
+            keep = (len(prompt) if keep < 0 else keep) + int(self.model.add_bos)
+            st.n_keep = min(n_ctx - 4, keep)  # llama-server counts BOS on top of n_keep
         st.n_cached = self.reusable_prefix(seq_id, prompt) if cache_prompt else 0
         self.ctx.truncate(seq_id, st.n_cached)
         self.cache.pop(seq_id, None)
@@ -249,6 +270,7 @@ class Engine:
         """Release a sequence: drafter state and sampler; its KV stays as the slot's
         prompt cache (the prompt part that a later prefill would evaluate alike)."""
         reusable = st.n_prompt if self._tiled(st.n_prompt) and not st.prefilling else 0
+        reusable = min(reusable, st.n_unshifted)
         self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable)
         if st.spec is not None:
             st.spec.end()
@@ -276,6 +298,9 @@ class Engine:
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
         """One verify step for every generating sequence in `seqs`, in ONE llama_decode."""
         active = [s for s in seqs if not s.done and not s.prefilling]
+        for st in active:
+            if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
+                self._shift(st)
         opts, base = [], []
         for st in active:
             room = self._room(st) if st.spec is not None else 0
@@ -290,6 +315,22 @@ class Engine:
         rows = self.ctx.decode(entries) if entries else []
         out = {id(st): self._verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
+
+    def _shift(self, st: SeqState) -> None:
+        """llama-server's context shift: drop n_discard tokens after n_keep (default half
+        of the rest), move the later ones down; the drafters start over on the result."""
+        n_left = st.n_hist - st.n_keep
+        n_discard = st.n_discard or n_left // 2
+        n_discard = min(max(n_discard, 0), max(0, n_left - 1))
+        self.ctx.shift(st.seq_id, st.n_keep, n_discard, st.n_hist)
+        a, b = st.n_keep, st.n_keep + n_discard
+        st.tokens[a:st.n_hist - n_discard] = st.tokens[b:st.n_hist].copy()
+        st.n_hist -= n_discard
+        st.n_shifted += n_discard
+        st.n_unshifted = min(st.n_unshifted, st.n_keep)
+        if st.spec is not None:
+            st.spec.end()
+            st.spec.begin(st.tokens[:st.n_hist])
 
     def _verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
         sampled: list[int] = []

@@ -135,6 +135,13 @@ def synth_rates(value: Any) -> tuple[float, ...]:
     return rates
 
 
+def directory(value: Any) -> str:
+    """An existing directory (llama.cpp's --slot-save-path check), as given."""
+    if not Path(str(value)).is_dir():
+        raise ConfigError(f"not a directory: {value}")
+    return str(value)
+
+
 #: llama.cpp's llama_load_mode values
 LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
 
@@ -250,7 +257,7 @@ _FLAGS: list[Flag] = [
     Flag(("--slots",), "slots", _V, bool, True, neg=("--no-slots",),
          help="expose GET /slots (off: 501 not_supported_error)"),
     Flag(("--props",), "props", _V, bool, False, switch=True,
-         note="POST /props (changing settings at run time) is not supported; GET /props works"),
+         help="enable POST /props (answers success and, as llama-server, changes nothing)"),
     Flag(("-a", "--alias"), "alias", _V, parse=csv,
          help="model name(s), comma-separated: the id in /v1/models, /props and responses"),
     Flag(("--tags",), "tags", _V, parse=csv, help="model tags, comma-separated (informational)"),
@@ -267,10 +274,12 @@ _FLAGS: list[Flag] = [
     Flag(("--cache-reuse",), "cache_reuse", _V, int, 0, warn=lambda v: v > 0,
          note="chunk reuse by KV shifting is not supported; the longest cached prefix is reused"),
     Flag(("--context-shift",), "context_shift", _V, bool, False, neg=("--no-context-shift",),
-         warn=bool, note="context shift is not supported: generation stops with finish_reason "
-                         "'length' when the slot is full (llama-server's default)"),
+         help="when a slot is full, drop half of the tokens after --keep and go on generating "
+              "(llama-server's shift; off: stop with finish_reason 'length')"),
     Flag(("--keep",), "keep", _V, int, 0,
-         note="only used by context shift, which is not supported"),
+         help="prompt tokens a context shift keeps (-1: all); a request's n_keep overrides it"),
+    Flag(("--slot-save-path",), "slot_save_path", _V, parse=directory, metavar="DIR",
+         help="directory for POST /slots/ID?action=save|restore (off: 501)"),
     Flag(("--embedding", "--embeddings"), "embedding", _V, bool, False, switch=True,
          help="serve /embedding and /v1/embeddings (llama.cpp embeddings, own context)"),
     Flag(("--pooling",), "pooling", _V, click.Choice(["none", "mean", "cls", "last", "rank"]),
@@ -402,7 +411,7 @@ _FLAGS += _accepted(
     "--ui-config --webui-config=", "--ui-config-file --webui-config-file=",
     "--ui-mcp-proxy --webui-mcp-proxy | --no-ui-mcp-proxy --no-webui-mcp-proxy", "--tools=",
     "--tools-runtime=", "--mcp-servers-config=", "--mcp-servers-json=", "-ag --agent | -no-ag --no-agent",
-    "--rerank --reranking", "--slot-save-path=", "-sps --slot-prompt-similarity=",
+    "--rerank --reranking", "-sps --slot-prompt-similarity=",
     "--reasoning-format=", "-rea --reasoning=", "--reasoning-effort=", "--reasoning-budget=",
     "--reasoning-budget-message=", "--reasoning-preserve | --no-reasoning-preserve",
     "--skip-chat-parsing | --no-skip-chat-parsing", "--prefill-assistant | --no-prefill-assistant",

@@ -44,7 +44,7 @@ class GenerationResponse:
     slot_id: int = 0
     stop_type: str = "none"  # llama.cpp: none | eos | limit | word
     stopping_word: str = ""
-    truncated: bool = False  # stopped because the slot's context is full
+    truncated: bool = False  # stopped because the slot's context is full, or shifted
     probs: list = field(default_factory=list)  # per emitted token, when n_probs > 0
 
     @property
@@ -137,7 +137,8 @@ class Generation:
             predicted_ms=max(st.t_last - prompt_done, 0.0) * 1e3, draft_n=st.draft_n,
             draft_n_accepted=st.draft_n_accepted, steps=st.steps, speculative=st.speculative,
             slot_id=st.seq_id, stop_type=stop_type, stopping_word=word,
-            truncated=finish == "length" and self.truncate_at_length, probs=probs or [])
+            truncated=(finish == "length" and self.truncate_at_length) or st.n_shifted > 0,
+            probs=probs or [])
 
 
 def stream_generate(engine: Engine, prompt: str | Sequence[int], sampling: SamplingParams,

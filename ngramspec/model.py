@@ -183,6 +183,11 @@ class Model:
         return raw.decode("utf-8") if raw else None
 
     @cached_property
+    def add_bos(self) -> bool:
+        """Whether tokenizing with add_special puts a BOS token first."""
+        return bool(_llama().llama_vocab_get_add_bos(self.vocab))
+
+    @cached_property
     def bos_text(self) -> str:
         lc = _llama()
         return self.piece(lc.llama_vocab_bos(self.vocab), special=True).decode("utf-8", "replace")
@@ -358,6 +363,46 @@ class Context:
     def truncate(self, seq_id: int, n: int) -> None:
         """Drop KV entries of `seq_id` at positions >= n."""
         _llama().llama_memory_seq_rm(self.memory, seq_id, n, -1)
+
+    def shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:
+        """Context shift: drop positions [n_keep, n_keep + n_discard) of `seq_id` and move
+        positions [n_keep + n_discard, n_past) down by n_discard (llama.cpp re-rotates
+        their keys at the next decode)."""
+        lc = _llama()
+        lc.llama_memory_seq_rm(self.memory, seq_id, n_keep, n_keep + n_discard)
+        lc.llama_memory_seq_add(self.memory, seq_id, n_keep + n_discard, n_past, -n_discard)
+
+    def save_seq(self, seq_id: int, path: str | os.PathLike, payload: Sequence[int]) -> int:
+        """llama_state_seq_save_file: `payload` (int32 words) then `seq_id`'s KV state.
+        Returns the bytes written (0: failed)."""
+        lc = _llama()
+        words = np.ascontiguousarray(payload, dtype=np.int32)
+        ptr = words.ctypes.data_as(ctypes.POINTER(lc.llama_token))
+        return int(lc.llama_state_seq_save_file(self.ptr, os.fsencode(path), seq_id, ptr,
+                                                len(words)))
+
+    def load_seq(self, seq_id: int, path: str | os.PathLike) -> tuple[np.ndarray, int]:
+        """llama_state_seq_load_file into `seq_id` (its KV is replaced): (payload words,
+        bytes read). Raises ValueError if llama.cpp cannot read the file or the KV has no
+        room; the sequence is then empty."""
+        lc = _llama()
+        n = ctypes.c_size_t(0)
+        raw = os.fsencode(path)
+        if lc.llama_state_seq_load_file(self.ptr, raw, seq_id, None, 0, ctypes.byref(n)) == 0:
+            raise ValueError("not a sequence state file")
+        buf = (lc.llama_token * max(1, n.value))()
+        self.clear(seq_id)
+        nread = lc.llama_state_seq_load_file(self.ptr, raw, seq_id, buf, len(buf), ctypes.byref(n))
+        if nread == 0:
+            self.clear(seq_id)
+            raise ValueError("No available space in KV cache or invalid slot save file")
+        return np.frombuffer(buf, dtype=np.int32, count=n.value).copy(), int(nread)
+
+    def positions(self, seq_id: int) -> tuple[int, int]:
+        """(lowest, highest) position `seq_id` has in the KV cache; (-1, -1) if none."""
+        lc = _llama()
+        return (int(lc.llama_memory_seq_pos_min(self.memory, seq_id)),
+                int(lc.llama_memory_seq_pos_max(self.memory, seq_id)))
 
     def clear(self, seq_id: int | None = None) -> None:
         if seq_id is None:

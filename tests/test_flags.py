@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,7 +33,8 @@ DATA = Path(__file__).resolve().parent / "data" / "llama_server_flags.txt"
 VALUES = {"-fa": "off", "--flash-attn": "off", "--pooling": "mean", "-lm": "mmap",
           "--load-mode": "mmap", "--spec-type": "ngram-mod", "--chat-template": "chatml",
           "--chat-template-kwargs": "{}", "--spec-synth-rates": "0.5,0.25", "-ngl": "all",
-          "--host": "127.0.0.1,::1", "-j": "{}", "--json-schema": "{}"}
+          "--host": "127.0.0.1,::1", "-j": "{}", "--json-schema": "{}",
+          "--slot-save-path": str(Path(__file__).resolve().parent)}
 
 
 def llama_server_flags() -> list[tuple[str, int]]:
@@ -257,7 +259,7 @@ HARNESS = ["--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "--offline",
            "--embedding", "--reranking", "--metrics", "--kv-unified", "--swa-full", "--slots",
            "--no-slots", "--pooling", "mean", "--alias", "tinyllama-2", "--tags", "t1,t2",
            "--ctx-size", "512", "--parallel", "2", "-ctk", "f16", "-ctv", "f16", "-fa", "off",
-           "--n-predict", "64", "--slot-save-path", "slots", "--grp-attn-n", "2",
+           "--n-predict", "64", "--slot-save-path", tempfile.gettempdir(), "--grp-attn-n", "2",
            "--grp-attn-w", "512", "--verbose", "--lora", "l.gguf", "--context-shift",
            "--spec-type", "ngram-mod", "--api-key", "sk-test", "--spec-draft-n-max", "8",
            "--spec-draft-n-min", "4", "--spec-synth-rates", "0.75,0.5", "--no-ui",
@@ -312,7 +314,7 @@ def test_harness_command_line_starts_and_shuts_down_fast():
     assert took < 1.0, f"shutdown took {took:.2f} s:\n{log}"
     assert "CancelledError" not in log and "Traceback" not in log, log
     warned = [ln for ln in log.splitlines() if "ngramspec serve: warning:" in ln]
-    for flag in ("--lora", "--hf-repo", "--context-shift", "--spec-synth-rates", "--rerank"):
+    for flag in ("--lora", "--hf-repo", "--grp-attn-n", "--spec-synth-rates", "--rerank"):
         assert sum(f" {flag}:" in ln for ln in warned) == 1, (flag, warned)
     assert "-fa off would break exactness" in log
 

@@ -20,7 +20,8 @@ from .cors import CORSMiddleware
 from .errors import install_handlers
 from .embeddings import embedding_router
 from .settings import ServerSettings
-from .state import ServerState, require_key
+from .slot_actions import slot_actions_router
+from .state import ServerState, ready_state, require_key
 
 
 def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
@@ -52,5 +53,6 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         app.include_router(module.public)
         app.include_router(module.router)
     app.include_router(embedding_router(state, settings, [Depends(require_key)]))
+    app.include_router(slot_actions_router(state, [Depends(require_key), Depends(ready_state)]))
     return app
 

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
+from .slot_actions import context_shift
 from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
@@ -44,6 +45,8 @@ class Prepared:
     prediction: np.ndarray | None = None
     timings_per_token: bool = False
     return_progress: bool = False  # streaming requests only, as llama-server
+    id_slot: int = -1
+    context_shift: tuple[int, int] | None = None
 
 def _clamp(v: int, lo: int, hi: int | None = None) -> int:
     v = max(v, lo)
@@ -197,9 +200,12 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     room = state.n_ctx_slot - n
     want = state.settings.n_predict if n_predict is None else n_predict
     speculative, spec = _speculation(state, req, request)
+    shift = context_shift(state.settings, req)
     return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
-                    n_predict=room if want < 0 else min(want, room),
-                    truncate_at_length=want < 0 or want > room, speculative=speculative,
+                    n_predict=want if shift else room if want < 0 else min(want, room),
+                    truncate_at_length=not shift and (want < 0 or want > room),
+                    id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
+                    context_shift=shift, speculative=speculative,
                     spec=spec, stop=req.stop_list(),
                     cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
                     else req.cache_prompt,
@@ -250,4 +256,5 @@ def make_job(prep: Prepared, sink) -> Job:
     return Job(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
                speculative=prep.speculative, spec=prep.spec, stop=prep.stop, sink=sink,
                truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
-               prediction=prep.prediction, return_progress=prep.return_progress)
+               prediction=prep.prediction, return_progress=prep.return_progress,
+               id_slot=prep.id_slot, context_shift=prep.context_shift)

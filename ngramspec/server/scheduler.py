@@ -14,7 +14,12 @@ Invariants:
   llama_decode: every slot's last token + draft, lengths planned together), and
   deliver each slot's output through its `Generation` to the job's sink.
 - Jobs beyond the free slots wait in FIFO order (`requests_deferred`); only a
-  full queue refuses a request (503). Idle, the thread sleeps on a condition.
+  full queue refuses a request (503). A job that names its slot (`id_slot`)
+  waits for that slot; the jobs behind it may pass it. Idle, the thread sleeps
+  on a condition.
+- Slot actions (`call`: save/restore/erase a slot's KV) run on this thread, at
+  the start of a turn, once their slot has no job (deferred while it has one,
+  as llama-server).
 - An exception never kills the thread: a failing start fails that request, a
   failing decode fails the requests in it; the slots are released.
 """
@@ -25,8 +30,9 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -77,6 +83,8 @@ class Job:
     cache_prompt: bool = True
     prediction: np.ndarray | None = None  # the client's predicted output (drafts first)
     return_progress: bool = False  # send a progress event at the start and per prompt chunk
+    id_slot: int = -1  # the slot this job must run in (-1: any)
+    context_shift: tuple[int, int] | None = None  # (n_keep, n_discard); None: stop when full
     id: int = field(default_factory=lambda: next(_ids))
     cancelled: bool = False
     finished: bool = False
@@ -132,11 +140,21 @@ class Counters:
             self.accepted_per_pos[i] += 1
 
 
+@dataclass
+class SlotAction:
+    """Work on one idle slot's KV, run on the scheduler thread (`Scheduler.call`)."""
+
+    slot_id: int
+    fn: Callable[[], Any]
+    future: Future = field(default_factory=Future)
+
+
 class Scheduler:
     def __init__(self, engine: Engine, n_slots: int, queue_size: int, n_ctx_slot: int):
         self.engine, self.n_ctx_slot, self.queue_size = engine, n_ctx_slot, queue_size
         self.slots = [Slot(i) for i in range(n_slots)]
         self.pending: collections.deque[Job] = collections.deque()
+        self.actions: list[SlotAction] = []
         self.counters = Counters()
         self.cv = threading.Condition()
         self._stop = False
@@ -187,6 +205,30 @@ class Scheduler:
             self.pending.append(job)
             self.cv.notify()
 
+    def call(self, slot_id: int, fn: Callable[[], Any]) -> Future:
+        """Run fn() on the scheduler thread once slot `slot_id` has no job; the future
+        gets its result or exception."""
+        action = SlotAction(slot_id, fn)
+        with self.cv:
+            if self._stop or not self._thread.is_alive():
+                raise APIError("the server is shutting down", "unavailable_error")
+            self.actions.append(action)
+            self.cv.notify()
+        return action.future
+
+    def _run_actions(self) -> None:
+        """Run the queued actions whose slot is free (in order); the others wait."""
+        with self.cv:
+            ready = [a for a in self.actions if self.slots[a.slot_id].job is None]
+            self.actions = [a for a in self.actions if a not in ready]
+        for a in ready:
+            if not a.future.set_running_or_notify_cancel():
+                continue
+            try:
+                a.future.set_result(a.fn())
+            except BaseException as e:
+                a.future.set_exception(e)
+
     def cancel(self, job: Job) -> None:
         """The client went away: drop it from the queue, or free its slot next turn."""
         with self.cv:
@@ -205,10 +247,13 @@ class Scheduler:
     def _run(self) -> None:
         while True:
             with self.cv:
-                while not self._stop and not self.pending and not any(s.job for s in self.slots):
+                while (not self._stop and not self.pending and not self.actions
+                       and not any(s.job for s in self.slots)):
                     self.cv.wait()
                 if self._stop:
                     break
+            self._run_actions()
+            with self.cv:
                 admitted = self._assign()
             try:
                 self._turn(admitted)
@@ -226,17 +271,27 @@ class Scheduler:
         for job in waiting:
             job.finished = True
             job.sink(Event(error=bye))
+        with self.cv:
+            actions, self.actions = self.actions, []
+        for a in actions:
+            a.future.set_exception(bye)
 
     def _assign(self) -> list[Slot]:
-        """Pending jobs -> free slots, each to the slot caching most of its prompt."""
+        """Pending jobs -> free slots, each to its `id_slot` or else to the slot caching
+        most of its prompt."""
         admitted = []
-        while self.pending:
+        for job in list(self.pending):
             free = [s for s in self.slots if s.job is None]
             if not free:
                 break
-            job = self.pending.popleft()
-            s = max(free, key=lambda s: (self.engine.reusable_prefix(s.id, job.prompt)
-                                         if job.cache_prompt else 0, -s.last_used))
+            if job.id_slot >= 0:
+                s = self.slots[job.id_slot]
+                if s.job is not None:
+                    continue  # waits for its slot
+            else:
+                s = max(free, key=lambda s: (self.engine.reusable_prefix(s.id, job.prompt)
+                                             if job.cache_prompt else 0, -s.last_used))
+            self.pending.remove(job)
             s.job = job
             admitted.append(s)
         return admitted
@@ -299,7 +354,7 @@ class Scheduler:
         try:
             st = self.engine.start(s.id, job.prompt, job.sampling, job.n_predict,
                                    job.speculative, job.spec, cache_prompt=job.cache_prompt,
-                                   prediction=job.prediction)
+                                   prediction=job.prediction, context_shift=job.context_shift)
         except Exception as e:
             self._fail(s, e)
             return

@@ -63,6 +63,9 @@ class _Generation(BaseModel):
     timings_per_token: StrictBool = False  # `timings` in every streamed chunk
     return_progress: StrictBool = False  # `prompt_progress` chunks while streaming
     verbose: StrictBool | None = None  # `__verbose` (the native result); default: --verbose
+    id_slot: StrictInt = Field(-1, ge=-1)  # run in this slot (modulo the slot count); -1: any
+    n_keep: StrictInt | None = Field(None, ge=-1)  # context shift: tokens kept (None: --keep)
+    n_discard: StrictInt = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
 
     @model_validator(mode="before")
     @classmethod
