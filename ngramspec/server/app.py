@@ -29,10 +29,12 @@ from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, json_grammar, schema_grammar
 from . import metrics as metrics_mod
+from . import probs as probs_mod
 from .chat import chat_prompt
 from .errors import APIError, error_body, install_handlers, loading_error, to_api_error
 from ..generate import GenerationResponse
 from .scheduler import Event, Job, Scheduler
+from .sampling_request import sampler_fields
 from .settings import ServerSettings
 from .types import (ChatCompletionRequest, CompletionRequest, NativeCompletionRequest,
                     SpeculativeParams, _Generation, _OpenAI)
@@ -196,7 +198,8 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
                           repeat_last_n=repeat_last_n,
                           seed=0xFFFFFFFF if seed == -1 else seed,
-                          grammar=_grammar(req) or d.grammar)
+                          grammar=_grammar(req) or d.grammar,
+                          **sampler_fields(state.engine.model, req))
 
 
 def _check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
@@ -327,8 +330,9 @@ async def submit(state: ServerState, request: Request, prep: Prepared) -> tuple[
     return job, ev
 
 
-async def collect(state: ServerState, request: Request, job: Job) -> tuple[str, list[int], Event] | None:
-    parts, tokens = [], []
+async def collect(state: ServerState, request: Request, job: Job) -> tuple[str, list[int], Event, list] | None:
+    """The whole answer: (text, tokens, final event, TokenOutputs when n_probs > 0)."""
+    parts, tokens, probs = [], [], []
     try:
         while True:
             ev = await _next_event(job, request)
@@ -338,8 +342,9 @@ async def collect(state: ServerState, request: Request, job: Job) -> tuple[str, 
                 raise ev.error
             parts.append(ev.text)
             tokens.extend(ev.tokens)
+            probs.extend(ev.response.probs)
             if ev.final:
-                return "".join(parts), tokens, ev
+                return "".join(parts), tokens, ev, probs
     finally:
         state.scheduler.cancel(job)  # no-op when finished
 
@@ -347,15 +352,16 @@ async def collect(state: ServerState, request: Request, job: Job) -> tuple[str, 
 class JobStreamingResponse(StreamingResponse):
     """SSE response that cancels its job however the response ends."""
 
-    def __init__(self, content, job: Job, scheduler: Scheduler, **kw):
+    def __init__(self, content, job: Job | list[Job], scheduler: Scheduler, **kw):
         super().__init__(content, media_type="text/event-stream", **kw)
-        self.job, self.scheduler = job, scheduler
+        self.jobs, self.scheduler = (job if isinstance(job, list) else [job]), scheduler
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.scheduler.cancel(self.job)
+            for job in self.jobs:
+                self.scheduler.cancel(job)
 
 
 def sse(obj: Any) -> str:
@@ -374,6 +380,57 @@ async def events(state: ServerState, job: Job, first: Event) -> AsyncIterator[Ev
         state.scheduler.cancel(job)
 
 
+async def submit_n(state: ServerState, request: Request, prep: Prepared,
+                   n: int) -> list[tuple[Job, Event]] | None:
+    """`n` independent jobs of one prepared request (OpenAI's `n` choices), each waited
+    for until it has a slot; None (every job cancelled) if the client went away."""
+    runs: list[tuple[Job, Event]] = []
+    try:
+        for _ in range(n):
+            started = await submit(state, request, prep)
+            if started is None:
+                break
+            runs.append(started)
+    finally:
+        if len(runs) < n:
+            for job, _ in runs:
+                state.scheduler.cancel(job)
+    return runs if len(runs) == n else None
+
+
+async def collect_all(state: ServerState, request: Request, jobs: list[Job]) -> list | None:
+    """`collect` of every job concurrently; None if the client went away. One failing
+    job cancels the others."""
+    tasks = [asyncio.ensure_future(collect(state, request, job)) for job in jobs]
+    try:
+        got = await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+    return None if any(g is None for g in got) else list(got)
+
+
+async def merged_events(state: ServerState, runs: list[tuple[Job, Event]]) -> AsyncIterator[tuple[int, Event]]:
+    """(choice index, event) of every job as they arrive, until each job's final event
+    (an error is final); leaving early cancels the jobs still running."""
+    out: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, job: Job, first: Event) -> None:
+        async for ev in events(state, job, first):
+            out.put_nowait((i, ev))
+
+    tasks = [asyncio.ensure_future(pump(i, job, first)) for i, (job, first) in enumerate(runs)]
+    try:
+        left = len(runs)
+        while left:
+            i, ev = await out.get()
+            left -= ev.final
+            yield i, ev
+    finally:
+        for t in tasks:
+            t.cancel()
+
+
 def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:
     h = {SPEC_HEADER: "enabled" if speculative else "disabled"}
     if result is not None:
@@ -382,9 +439,11 @@ def spec_headers(speculative: bool, result: GenerationResponse | None = None) ->
     return h
 
 
-def usage(result: GenerationResponse) -> dict:
-    return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generation_tokens,
-            "total_tokens": result.prompt_tokens + result.generation_tokens}
+def usage(*results: GenerationResponse) -> dict:
+    """OpenAI's usage: the prompt counted once, the completion tokens of every choice."""
+    prompt, completion = results[0].prompt_tokens, sum(r.generation_tokens for r in results)
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}
 
 
 # ---------------------------------------------------------------------------- the app
@@ -465,7 +524,7 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                 if spec.types == ("ngram-mod",) else spec.ngram_simple.size_n,
                 "speculative.ngram_size_m": spec.ngram_mod.n_max
                 if spec.types == ("ngram-mod",) else spec.ngram_simple.size_m,
-                "timings_per_token": False}
+                "timings_per_token": False, **probs_mod.settings_json(sampling, state.engine.model)}
 
     def default_params() -> dict:
         return params_json(settings.sampling, settings.n_predict, [], settings.spec,
@@ -536,9 +595,13 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
         job, first = started
         spec = job.spec or settings.spec
 
-        def final_json(content: str, toks: list[int], ev: Event, stream: bool) -> dict:
+        def final_json(content: str, toks: list[int], ev: Event, stream: bool,
+                       probs: list | None = None) -> dict:
             r = ev.response
-            return {"index": 0, "content": content, "tokens": toks if (body.return_tokens or stream) else [],
+            extra = {"completion_probabilities": probs_mod.probs_json(
+                state.engine.model, probs_mod.final_outputs(state.engine.model, probs, r))} \
+                if probs else {}
+            return {**extra, "index": 0, "content": content, "tokens": toks if (body.return_tokens or stream) else [],
                     "id_slot": r.slot_id, "stop": True, "model": state.model_id,
                     "tokens_predicted": r.generation_tokens, "tokens_evaluated": r.prompt_tokens,
                     "generation_settings": params_json(prep.sampling, prep.n_predict, prep.stop,
@@ -552,8 +615,8 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
             got = await collect(state, request, job)
             if got is None:
                 return Response(status_code=499)
-            content, toks, ev = got
-            return JSONResponse(final_json(content, toks, ev, False),
+            content, toks, ev, probs = got
+            return JSONResponse(final_json(content, toks, ev, False, probs),
                                 headers=spec_headers(job.speculative, ev.response))
 
         async def gen():
@@ -562,6 +625,17 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
                 if ev.error is not None:
                     yield sse(error_body(to_api_error(ev.error)))
                     return
+                if ev.response is not None and ev.response.probs:  # one chunk per token
+                    for t, o in zip(ev.tokens, ev.response.probs):
+                        n += 1
+                        yield sse({"index": 0, "content": o.text, "tokens": [t], "stop": False,
+                                   "id_slot": first.slot_id, "tokens_predicted": n,
+                                   "tokens_evaluated": len(prep.tokens),
+                                   "completion_probabilities": probs_mod.probs_json(
+                                       state.engine.model, [o])})
+                    if ev.final:
+                        yield sse(final_json("", [], ev, True))
+                    continue
                 n += len(ev.tokens)
                 if ev.final:
                     yield sse(final_json(ev.text, ev.tokens, ev, True))
@@ -580,72 +654,87 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
 
     async def oai_run(body: _OpenAI, request: Request, tokens, text, chat: bool):
         prep = prepare(state, body, request, tokens, text, oai_n_predict(body))
-        started = await submit(state, request, prep)
-        if started is None:
+        runs = await submit_n(state, request, prep, body.n)
+        if runs is None:
             return Response(status_code=499)
-        job, first = started
+        jobs = [job for job, _ in runs]
+        speculative = jobs[0].speculative
         cid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         base = {"id": cid, "created": created, "model": body.model or state.model_id,
                 "system_fingerprint": f"ngramspec-{version}"}
         echo = text if (not chat and getattr(body, "echo", False)) else ""
+        model = state.engine.model
+        legacy = None if chat else len(echo)  # /v1/completions: OpenAI's legacy logprobs too
 
         if not body.stream:
-            got = await collect(state, request, job)
+            got = await collect_all(state, request, jobs)
             if got is None:
                 return Response(status_code=499)
-            content, _toks, ev = got
-            r = ev.response
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": content},
-                          "logprobs": None, "finish_reason": r.finish_reason}
-            else:
-                choice = {"index": 0, "text": echo + content, "logprobs": None,
-                          "finish_reason": r.finish_reason}
+            choices = []
+            for i, (content, _toks, ev, probs) in enumerate(got):
+                r = ev.response
+                lp = probs_mod.oai_logprobs(model, probs_mod.final_outputs(model, probs, r), legacy)
+                if chat:
+                    choices.append({"index": i, "message": {"role": "assistant", "content": content},
+                                    "logprobs": lp, "finish_reason": r.finish_reason})
+                else:
+                    choices.append({"index": i, "text": echo + content, "logprobs": lp,
+                                    "finish_reason": r.finish_reason})
+            rs = [g[2].response for g in got]
             out = {**base, "object": "chat.completion" if chat else "text_completion",
-                   "choices": [choice], "usage": usage(r), "timings": r.timings()}
-            return JSONResponse(out, headers=spec_headers(job.speculative, r))
+                   "choices": choices, "usage": usage(*rs), "timings": rs[0].timings()}
+            return JSONResponse(out, headers=spec_headers(speculative, rs[0]))
 
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         obj = "chat.completion.chunk" if chat else "text_completion"
 
-        def chunk(text_delta: str | None, finish: str | None, role: bool = False) -> dict:
+        def chunk(text_delta: str | None, finish: str | None, role: bool = False, index: int = 0,
+                  logprobs: dict | None = None) -> dict:
             if chat:
                 delta: dict = {}
                 if role:
                     delta["role"] = "assistant"
                 if text_delta is not None:
                     delta["content"] = text_delta
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice = {"index": index, "delta": delta, "logprobs": logprobs,
+                          "finish_reason": finish}
             else:
-                choice = {"index": 0, "text": text_delta or "", "logprobs": None,
+                choice = {"index": index, "text": text_delta or "", "logprobs": logprobs,
                           "finish_reason": finish}
             return {**base, "object": obj, "choices": [choice]}
 
         async def gen():
-            if chat:
-                yield sse(chunk("", None, role=True))
-            elif echo:
-                yield sse(chunk(echo, None))
-            async for ev in events(state, job, first):
+            sent = [len(echo)] * len(runs)  # characters of each choice so far (text_offset)
+            for i in range(len(runs)):
+                if chat:
+                    yield sse(chunk("", None, role=True, index=i))
+                elif echo:
+                    yield sse(chunk(echo, None, index=i))
+            finals = []
+            async for i, ev in merged_events(state, runs):
                 if ev.error is not None:
                     yield sse(error_body(to_api_error(ev.error)))
                     return
+                r = ev.response
+                for o in r.probs:  # with logprobs: one chunk per token
+                    lp = probs_mod.oai_logprobs(model, [o], None if chat else sent[i])
+                    sent[i] += len(o.text)
+                    yield sse(chunk(o.text, None, index=i, logprobs=lp))
+                if ev.text and not r.probs:
+                    yield sse(chunk(ev.text, None, index=i))
                 if ev.final:
-                    if ev.text:
-                        yield sse(chunk(ev.text, None))
-                    last = chunk(None if chat else "", ev.response.finish_reason)
-                    last["timings"] = ev.response.timings()
+                    last = chunk(None if chat else "", r.finish_reason, index=i)
+                    last["timings"] = r.timings()
                     yield sse(last)
-                    if include_usage:
-                        yield sse({**base, "object": obj, "choices": [],
-                                   "usage": usage(ev.response), "timings": ev.response.timings()})
-                    yield "data: [DONE]\n\n"
-                elif ev.text:
-                    yield sse(chunk(ev.text, None))
+                    finals.append(r)
+            if include_usage:
+                yield sse({**base, "object": obj, "choices": [], "usage": usage(*finals),
+                           "timings": finals[0].timings()})
+            yield "data: [DONE]\n\n"
 
-        return JobStreamingResponse(gen(), job, state.scheduler,
-                                    headers=spec_headers(job.speculative))
+        return JobStreamingResponse(gen(), jobs, state.scheduler,
+                                    headers=spec_headers(speculative))
 
     @api.post("/v1/completions")
     async def v1_completions(request: Request):

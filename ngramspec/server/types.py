@@ -6,6 +6,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+MAX_CHOICES = 128
 SPEC_FIELDS = ("type", "n_max", "n_min", "ngram_size_n", "ngram_size_m")
 
 
@@ -47,6 +48,11 @@ class _Generation(BaseModel):
     speculative: SpeculativeParams | None = None
     cache_prompt: StrictBool = True  # reuse the slot's cached prompt prefix (llama-server)
     prediction: Prediction | None = None
+    # [[token|string, bias|false], ...] or {"token id"|string: bias|false} (llama-server, OpenAI)
+    logit_bias: list[Any] | dict[str, Any] | None = None
+    ignore_eos: StrictBool = False  # bans every end-of-generation token (a -inf logit bias)
+    n_probs: StrictInt | None = Field(None, ge=0)  # top-N probabilities per generated token
+    post_sampling_probs: StrictBool = False  # probabilities after the sampler chain
 
     @model_validator(mode="before")
     @classmethod
@@ -91,7 +97,7 @@ class ResponseFormat(BaseModel):
 class _OpenAI(_Generation):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=-1)
-    n: StrictInt = Field(1, ge=1, le=1)
+    n: StrictInt = Field(1, ge=1, le=MAX_CHOICES)  # independent choices, one job (slot) each
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None
@@ -102,6 +108,7 @@ class CompletionRequest(_OpenAI):
 
     prompt: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
     echo: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0)  # OpenAI: top-N log probabilities per token
 
 
 class ContentPart(BaseModel):
@@ -122,6 +129,8 @@ class ChatCompletionRequest(_OpenAI):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_completion_tokens: StrictInt | None = Field(None, ge=-1)
     tools: list[Any] | None = None
+    logprobs: StrictBool | None = None  # OpenAI: return log probabilities of the output tokens
+    top_logprobs: StrictInt | None = Field(None, ge=0)  # with logprobs: N most likely per token
 
 
 class NativeCompletionRequest(_Generation):
@@ -130,6 +139,7 @@ class NativeCompletionRequest(_Generation):
     prompt: Union[StrictStr, list[Union[StrictInt, StrictStr]]]
     n_predict: StrictInt | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
+    logprobs: StrictInt | None = Field(None, ge=0)  # llama-server: n_probs when that is unset
     response_format: ResponseFormat | None = None
 
 
