@@ -1,0 +1,168 @@
+"""The official `openai` client against a live `ngramspec serve`: chat, completions,
+streaming, `logprobs`, `logit_bias` and `n=2`, plus llama-server's own probability
+fields on `/completion` (`n_probs`, `post_sampling_probs`, `ignore_eos`)."""
+from __future__ import annotations
+
+import json
+import os
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.model
+
+N = 16
+OFF = {"X-Ngramspec-Speculative": "off"}
+MSGS = [{"role": "user", "content": "Copy this text:\nThe quick brown fox jumps over the lazy "
+         "dog.\nThe quick brown fox jumps over the lazy dog."}]
+# drafts on short repeats too
+EAGER = {"speculative": {"type": "ngram-simple", "ngram_size_n": 3, "ngram_size_m": 8}}
+PROMPT = "Repeat this text exactly:\n" + "The quick brown fox jumps over the lazy dog.\n" * 4
+
+
+@pytest.fixture(scope="module")
+def server():
+    from ngramspec.server.launch import start_server
+
+    threads = os.environ.get("NGRAMSPEC_TEST_THREADS", "2")
+    sp = start_server(["-np", "2", "--temp", "0", "-c", "2048", "-t", threads,
+                       "--spec-type", "ngram-mod"], timeout=180)
+    yield sp
+    sp.stop()
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="none", timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
+def test_chat_and_completions(oai):
+    chat = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0)
+    assert chat.choices[0].message.content and chat.choices[0].logprobs is None
+    cmpl = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0)
+    assert cmpl.choices[0].text and cmpl.usage.completion_tokens == N
+
+
+def test_streaming_chat_and_completions(oai):
+    full = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0)
+    chunks = list(oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N,
+                                              temperature=0, stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == \
+        full.choices[0].message.content
+    parts = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0,
+                                   stream=True)
+    text = "".join(c.choices[0].text for c in parts)
+    assert text == oai.completions.create(model="m", prompt=PROMPT, max_tokens=N,
+                                          temperature=0).choices[0].text
+
+
+def test_chat_logprobs_are_the_same_with_and_without_speculation(oai):
+    def ask(headers):
+        return oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0,
+                                           logprobs=True, top_logprobs=2, extra_headers=headers,
+                                           extra_body=EAGER)
+
+    on, off = ask({}), ask(OFF)
+    content = on.choices[0].logprobs.content
+    assert "".join(t.token for t in content) == on.choices[0].message.content
+    assert len(content) == on.usage.completion_tokens
+    for t in content:
+        assert t.logprob <= 0.0 and t.bytes == list(t.token.encode())
+        assert len(t.top_logprobs) == 2 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob
+        assert t.top_logprobs[0].logprob == t.logprob  # greedy: the most likely token
+    assert on.model_extra["timings"].get("draft_n_accepted", 0) > 0, on.choices[0].message.content
+    assert [t.model_dump() for t in off.choices[0].logprobs.content] == \
+        [t.model_dump() for t in content]
+
+
+def test_streamed_chat_logprobs_one_token_per_chunk(oai):
+    full = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    chunks = list(oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N,
+                                              temperature=0, logprobs=True, top_logprobs=2,
+                                              stream=True))
+    got = [t for c in chunks if c.choices and c.choices[0].logprobs
+           for t in c.choices[0].logprobs.content]
+    assert all(len(c.choices[0].logprobs.content) == 1 for c in chunks
+               if c.choices and c.choices[0].logprobs)
+    assert [t.model_dump() for t in got] == \
+        [t.model_dump() for t in full.choices[0].logprobs.content]
+
+
+def test_completions_logprobs(oai):
+    r = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0, logprobs=3)
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == N and "".join(lp.tokens) == r.choices[0].text
+    assert all(x <= 0.0 for x in lp.token_logprobs) and all(len(d) <= 3 for d in lp.top_logprobs)
+    assert lp.text_offset[0] == 0 and lp.text_offset[-1] == len(r.choices[0].text) - len(lp.tokens[-1])
+    assert len(lp.model_extra["content"]) == N  # llama-server's form as well
+
+
+def test_logit_bias_object_form_keeps_speculation_exact(oai):
+    plain = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0)
+    bias = {"37423": -100}  # " fox"
+    on = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0,
+                                logit_bias=bias, extra_body=EAGER)
+    off = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0,
+                                 logit_bias=bias, extra_headers=OFF)
+    assert " fox" in plain.choices[0].text and " fox" not in on.choices[0].text
+    assert on.choices[0].text == off.choices[0].text
+    assert on.model_extra["timings"]["draft_n_accepted"] > 0
+
+
+def test_n_two_choices(oai):
+    chat = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0, n=2)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert chat.choices[0].message.content == chat.choices[1].message.content
+    one = oai.chat.completions.create(model="m", messages=MSGS, max_tokens=N, temperature=0)
+    assert chat.usage.prompt_tokens == one.usage.prompt_tokens
+    assert chat.usage.completion_tokens == 2 * one.usage.completion_tokens
+    cmpl = oai.completions.create(model="m", prompt=PROMPT, max_tokens=N, temperature=0, n=2,
+                                  stream=True, stream_options={"include_usage": True})
+    texts = ["", ""]
+    chunks = list(cmpl)
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] += ch.text
+    assert texts[0] == texts[1] and texts[0]
+    assert chunks[-1].usage.completion_tokens == 2 * N
+
+
+def test_native_n_probs_and_stream(http):
+    body = {"prompt": PROMPT, "n_predict": 8, "n_probs": 4, "temperature": 0}
+    r = http.post("/completion", json=body).json()
+    probs = r["completion_probabilities"]
+    assert len(probs) == 8 and "".join(p["token"] for p in probs) == r["content"]
+    for p in probs:
+        assert set(p) == {"id", "token", "bytes", "logprob", "top_logprobs"}
+        assert len(p["top_logprobs"]) == 4
+        assert set(p["top_logprobs"][0]) == {"id", "token", "bytes", "logprob"}
+    assert r["generation_settings"]["n_probs"] == 4
+    with http.stream("POST", "/completion", json={**body, "stream": True}) as s:
+        events = [json.loads(ln[6:]) for ln in s.iter_lines() if ln.startswith("data: ")]
+    partial = [e for e in events if not e["stop"]]
+    assert all(len(e["completion_probabilities"]) == 1 for e in partial)
+    assert [e["completion_probabilities"][0] for e in partial] == probs
+
+
+def test_native_post_sampling_probs_and_ignore_eos(http):
+    r = http.post("/completion", json={"prompt": PROMPT, "n_predict": 4, "n_probs": 3,
+                                       "post_sampling_probs": True, "temperature": 0.8,
+                                       "seed": 1, "ignore_eos": True}).json()
+    for p in r["completion_probabilities"]:
+        assert 0.0 < p["prob"] <= 1.0 and 1 <= len(p["top_probs"]) <= 3
+        assert all(0.0 < q["prob"] <= 1.0 for q in p["top_probs"])
+    lb = r["generation_settings"]["logit_bias"]
+    assert lb and all(e["bias"] is None for e in lb)
+    plain = http.post("/completion", json={"prompt": PROMPT, "n_predict": 1}).json()
+    assert plain["generation_settings"]["logit_bias"] == []
+    bad = http.post("/v1/chat/completions", json={"messages": MSGS, "top_logprobs": 2})
+    assert bad.status_code == 400
