@@ -19,6 +19,8 @@ Invariants (per sequence, after every step):
   emits accepted + 1 tokens; KV entries past them are removed.
 - Spec-off is the same loop with empty drafts, so the two modes differ only in
   how many tokens one llama_decode evaluates.
+- A StepOutput's `probs` (when the sampling asks for n_probs) come from the rows
+  its tokens were sampled from, one per emitted token.
 - A draft never makes a step overshoot n_predict or the context.
 - Context shift (a sequence started with `context_shift`): before a step whose
   token would take the slot's last cell (n_hist + 1 >= n_ctx_seq), n_discard
@@ -109,6 +111,7 @@ class StepOutput:
     drafted: int = 0
     accepted: int = 0
     finish_reason: str | None = None
+    probs: list = field(default_factory=list)  # TokenProbs per token (n_probs > 0), same order
 
 
 @dataclass
@@ -243,7 +246,9 @@ class Engine:
             st.finish_reason = "length"
             return StepOutput([], finish_reason="length")
         st.sampled = st.sampler.sample(rows[-1])
-        return StepOutput(self._emit(st, [st.sampled]), finish_reason=st.finish_reason)
+        kept = self._emit(st, [st.sampled])
+        return StepOutput(kept, finish_reason=st.finish_reason,
+                          probs=st.sampler.take_probs()[:len(kept)])
 
     def _tiled(self, n_prompt: int) -> bool:
         """Whether a prompt of n_prompt tokens is evaluated by the tiled prefill."""
@@ -350,7 +355,9 @@ class Engine:
         st.steps += 1
         if st.spec is not None:
             st.spec.settle(sampled, n_acc)
-        return StepOutput(self._emit(st, sampled), len(draft), n_acc, st.finish_reason)
+        kept = self._emit(st, sampled)
+        return StepOutput(kept, len(draft), n_acc, st.finish_reason,
+                          st.sampler.take_probs()[:len(kept)])
 
     def _emit(self, st: SeqState, tokens: list[int]) -> list[int]:
         """Count emitted tokens, stopping at end-of-generation or n_predict."""

@@ -21,8 +21,16 @@ from typing import Iterator, Sequence
 from .config import SpecConfig
 from .engine import Engine, SeqState, StepOutput
 from .model import Model
-from .sampling import SamplingParams
+from .sampling import SamplingParams, TokenProbs
 from .stats import timings
+
+
+@dataclass(frozen=True)
+class TokenOutput:
+    """One emitted token with its probabilities (requests with n_probs > 0)."""
+
+    text: str  # the text this token made safe to send (llama-server's text_to_send)
+    probs: TokenProbs
 
 
 @dataclass
@@ -45,7 +53,7 @@ class GenerationResponse:
     stop_type: str = "none"  # llama.cpp: none | eos | limit | word
     stopping_word: str = ""
     truncated: bool = False  # stopped because the slot's context is full, or shifted
-    probs: list = field(default_factory=list)  # per emitted token, when n_probs > 0
+    probs: list[TokenOutput] = field(default_factory=list)  # per emitted token, when n_probs > 0
 
     @property
     def final(self) -> bool:
@@ -117,10 +125,18 @@ class Generation:
         self.st, self.stream = st, TextStream(model, stop)
         self.truncate_at_length = truncate_at_length
 
-    def push(self, out: StepOutput, probs: list | None = None) -> GenerationResponse:
+    def push(self, out: StepOutput) -> GenerationResponse:
         st = self.st
         finish = out.finish_reason
-        delta = self.stream.push(out.tokens, final=finish is not None)
+        probs: list[TokenOutput] = []
+        if out.probs:  # token by token: each token's own share of the text
+            last = len(out.tokens) - 1
+            for i, (t, p) in enumerate(zip(out.tokens, out.probs)):
+                probs.append(TokenOutput(self.stream.push([t], final=finish is not None
+                                                          and i == last), p))
+            delta = "".join(p.text for p in probs)
+        else:
+            delta = self.stream.push(out.tokens, final=finish is not None)
         stop_type, word = "none", ""
         if self.stream.stopped is not None:
             finish = st.finish_reason = "stop"

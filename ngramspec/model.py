@@ -152,6 +152,10 @@ class Model:
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
 
+    def eog_tokens(self) -> list[int]:
+        """Every end-of-generation token id, ascending."""
+        return np.flatnonzero(self._eog).tolist()
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
         lc = _llama()
         data = text.encode("utf-8")

@@ -10,9 +10,16 @@ Invariants:
   that of plain decoding, and no rollback of sampler state is needed.
 - With a fixed seed, one RNG draw per emitted token in both modes, so sampled
   speculative output equals sampled plain output when the logits agree.
+- `logit_bias` is the chain's first sampler (as in llama.cpp's common sampler), so
+  plain decoding and speculative verification apply it alike.
+- With `n_probs > 0` every sampled token gets a `TokenProbs` computed from the very
+  row it was sampled from (no extra decode); `take_probs` hands them over in
+  sampling order. Pre-sampling probabilities are the softmax of the raw logits;
+  post-sampling ones are the candidates the chain left, as llama-server reports.
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,6 +38,10 @@ class SamplingParams:
     repeat_last_n: int = 64
     seed: int = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
     grammar: str | None = None  # GBNF
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
+    n_probs: int = 0  # > 0: report the top n_probs probabilities of every sampled token
+    post_sampling_probs: bool = False  # probabilities after the chain, not of the raw logits
+    ignore_eos: bool = False  # every end-of-generation token gets a -inf bias
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
@@ -44,6 +55,8 @@ class SamplingParams:
             raise ConfigError(f"--repeat-penalty must be > 0, got {self.repeat_penalty!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        if not isinstance(self.n_probs, int) or self.n_probs < 0:
+            raise ConfigError(f"n_probs must be an integer >= 0, got {self.n_probs!r}")
 
     @property
     def greedy(self) -> bool:
@@ -51,7 +64,39 @@ class SamplingParams:
 
     @property
     def plain_argmax(self) -> bool:
-        return self.greedy and self.grammar is None and self.repeat_penalty == 1.0
+        return (self.greedy and self.grammar is None and self.repeat_penalty == 1.0
+                and not self.logit_bias and not self.ignore_eos)
+
+    def biases(self, model) -> list[tuple[int, float]]:
+        """The chain's logit biases: the request's, then -inf for EOG tokens with ignore_eos
+        (llama.cpp's order)."""
+        eog = [(t, float("-inf")) for t in model.eog_tokens()] if self.ignore_eos else []
+        return [*self.logit_bias, *eog]
+
+
+@dataclass(frozen=True)
+class TokenProbs:
+    """Probabilities of one sampled token: its own and the top ones (best first)."""
+
+    token: int
+    prob: float  # probability of `token` (0.0 when the chain removed it)
+    top: tuple[tuple[int, float], ...]  # (token id, probability), at most n_probs
+    post_sampling: bool = False
+
+
+def raw_probs(logits: np.ndarray, token: int, n: int) -> TokenProbs:
+    """Softmax of a raw logits row: `token`'s probability and the n most likely tokens
+    (ties keep the lower id first, as a stable sort by logit would)."""
+    x = logits.astype(np.float64)
+    e = np.exp(x - x.max())
+    p = e / e.sum()
+    n = min(n, len(p))
+    top = np.argpartition(-x, n - 1)[:n] if n < len(p) else np.arange(len(p))
+    top = top[np.lexsort((top, -x[top]))]
+    return TokenProbs(token, float(p[token]), tuple((int(t), float(p[t])) for t in top))
+
+
+TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
 class Sampler:
@@ -60,6 +105,7 @@ class Sampler:
     def __init__(self, ctx: Context, params: SamplingParams):
         self.ctx, self.params = ctx, params
         self.chain = None
+        self._probs: list[TokenProbs] = []
         if not params.plain_argmax:
             self.chain = self._build(ctx, params)
 
@@ -67,6 +113,11 @@ class Sampler:
     def _build(ctx: Context, p: SamplingParams):
         lc = _llama()
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        biases = p.biases(ctx.model)
+        if biases:
+            arr = (lc.llama_logit_bias * len(biases))(*biases)
+            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(
+                ctx.n_vocab, len(biases), arr))
         if p.repeat_penalty != 1.0:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
                 ctx.n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
@@ -89,10 +140,53 @@ class Sampler:
         return chain
 
     def sample(self, index: int) -> int:
-        """Sample (and accept) the token for batch index `index` of the last decode."""
+        """Sample (and accept) the token for batch index `index` of the last decode;
+        with n_probs > 0 its TokenProbs (from this same row) is kept for `take_probs`."""
+        p = self.params
+        if p.n_probs > 0 and p.post_sampling_probs and self.chain is not None:
+            tok, probs = self._sample_candidates(index)
+            self._probs.append(probs)
+            return tok
         if self.chain is None:
-            return int(np.argmax(self.ctx.logits_at(index)))
-        return int(_llama().llama_sampler_sample(self.chain, self.ctx.ptr, index))
+            tok = int(np.argmax(self.ctx.logits_at(index)))
+        else:
+            tok = int(_llama().llama_sampler_sample(self.chain, self.ctx.ptr, index))
+        if p.n_probs > 0:
+            self._probs.append(TokenProbs(tok, 1.0, ((tok, 1.0),), True) if p.post_sampling_probs
+                               else raw_probs(self.ctx.logits_at(index), tok, p.n_probs))
+        return tok
+
+    def take_probs(self) -> list[TokenProbs]:
+        """TokenProbs of the tokens sampled since the last call, in sampling order."""
+        out, self._probs = self._probs, []
+        return out
+
+    def _sample_candidates(self, index: int) -> tuple[int, TokenProbs]:
+        """What llama_sampler_sample does (apply the chain to the row, accept the selected
+        token), keeping the candidates the chain left: their probabilities, best first.
+        A greedy chain selects without probabilities: its token gets 1.0, as llama.cpp's
+        temperature-0 chain gives."""
+        lc = _llama()
+        logits = self.ctx.logits_at(index)
+        n = len(logits)
+        cand = np.zeros(n, dtype=TOKEN_DATA)
+        cand["id"] = np.arange(n, dtype=np.int32)
+        cand["logit"] = logits
+        data = cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
+        cur = lc.llama_token_data_array(data, n, -1, False)
+        lc.llama_sampler_apply(self.chain, ctypes.byref(cur))
+        nbytes = cur.size * TOKEN_DATA.itemsize  # a sampler may point `data` elsewhere
+        left = np.ctypeslib.as_array(ctypes.cast(cur.data, ctypes.POINTER(ctypes.c_uint8)),
+                                     shape=(nbytes,)).view(TOKEN_DATA)
+        tok = int(left["id"][cur.selected])
+        lc.llama_sampler_accept(self.chain, tok)
+        if self.params.greedy:
+            return tok, TokenProbs(tok, 1.0, ((tok, 1.0),), True)
+        ids, probs = left["id"], left["p"]
+        order = np.argsort(-probs, kind="stable")[:self.params.n_probs]
+        top = tuple((int(ids[i]), float(probs[i])) for i in order if probs[i] > 0.0)
+        own = probs[ids == tok]
+        return tok, TokenProbs(tok, float(own[0]) if len(own) else 0.0, top, True)
 
     def close(self) -> None:
         if self.chain is not None:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
+from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
 from ..errors import ConfigError, TokenError
@@ -135,7 +136,8 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
                           repeat_last_n=repeat_last_n,
                           seed=0xFFFFFFFF if seed == -1 else seed,
-                          grammar=_grammar(req) or d.grammar)
+                          grammar=_grammar(req) or d.grammar,
+                          **sampler_fields(state.engine.model, req))
 
 def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
     n_vocab = state.engine.model.n_vocab

@@ -6,6 +6,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+MAX_CHOICES = 128
 SPEC_FIELDS = ("type", "n_max", "n_min", "ngram_size_n", "ngram_size_m")
 
 
@@ -66,6 +67,9 @@ class _Generation(BaseModel):
     id_slot: StrictInt = Field(-1, ge=-1)  # run in this slot (modulo the slot count); -1: any
     n_keep: StrictInt | None = Field(None, ge=-1)  # context shift: tokens kept (None: --keep)
     n_discard: StrictInt = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
+    # [[token|string, bias|false], ...] or {"token id"|string: bias|false} (llama-server, OpenAI)
+    logit_bias: list[Any] | dict[str, Any] | None = None
+    ignore_eos: StrictBool = False  # bans every end-of-generation token (a -inf logit bias)
 
     @model_validator(mode="before")
     @classmethod
@@ -110,7 +114,7 @@ class ResponseFormat(BaseModel):
 class _OpenAI(_Generation):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=-1)
-    n: StrictInt = Field(1, ge=1, le=1)
+    n: StrictInt = Field(1, ge=1, le=MAX_CHOICES)  # independent choices, one job (slot) each
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None
