@@ -174,13 +174,6 @@ def _oai_item(i: int, vec: list[float], fmt: str) -> dict:
 
 
 async def _body(request: Request) -> dict:
-    import json
+    from .prepare import read_json
 
-    raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(f"malformed JSON body: {e}", "invalid_request_error") from None
-    if not isinstance(data, dict):
-        raise APIError("the request body must be a JSON object", "invalid_request_error")
-    return data
+    return await read_json(request)

@@ -220,8 +220,14 @@ def render_messages(state: ServerState, body: ChatCompletionRequest) -> str:
                            body.continue_final_message)
     return chat_prompt(state.engine.model, body.messages, state.settings, continue_final=cont)
 
+
 async def parse_body(request: Request, model: type):
     """The JSON body validated as `model`, whatever the Content-Type (as llama-server)."""
+    return model.model_validate(await read_json(request))
+
+
+async def read_json(request: Request) -> dict:
+    """The JSON object of the body (400 if it is not one, or holds a lone surrogate)."""
     raw = await request.body()
     try:
         data = json.loads(raw) if raw.strip() else None
@@ -231,7 +237,7 @@ async def parse_body(request: Request, model: type):
         raise APIError("the request body must be a JSON object", "invalid_request_error")
     if _SURROGATE_ESCAPE.search(raw):
         _check_unicode(data)
-    return model.model_validate(data)
+    return data
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
