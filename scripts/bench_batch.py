@@ -17,6 +17,9 @@ Aggregate tok/s = generated tokens / seconds, model loading excluded everywhere:
   (llama.cpp timings from `--json`), summed over the documents;
 - serve: wall time from the first request to the last response of 4 client
   threads (`pipeline_bench.send_all`), prompts included.
+`--rounds 2` runs batch and serve twice each, in the order batch, serve, serve,
+batch (ABBA), and reports each side's total tokens over total seconds: a machine
+that drifts faster or slower during the run then favours neither side.
 `--check-speedup` also runs batch with `--spec-type none`, so the speedup over
 plain decoding that batch's summary estimates can be checked against a real
 plain run (verify seconds of the two runs, same tokens). Outputs are compared document by document (greedy: they must agree).
@@ -81,6 +84,29 @@ def run_serve(docs, args) -> dict:
             "texts": res.texts}
 
 
+def paired_runs(run_a, run_b, rounds: int) -> tuple[dict, dict]:
+    """A and B, `rounds` times each in ABBA order (A B, B A, A B, ...); each side's
+    runs merged: tokens and seconds summed, tok/s = their ratio, texts of the first
+    run (`runs_agree` says whether every later run produced the same texts)."""
+    a_runs, b_runs = [], []
+    for i in range(rounds):
+        order = [(run_a, a_runs), (run_b, b_runs)]
+        for run, into in (order if i % 2 == 0 else order[::-1]):
+            into.append(run())
+    return merge_runs(a_runs), merge_runs(b_runs)
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    out = dict(runs[0])
+    for k in ("generated", "seconds", "verify_seconds"):
+        if k in out:
+            out[k] = sum(r[k] for r in runs)
+    out["tok_per_s"] = out["generated"] / out["seconds"]
+    out["each_tok_per_s"] = [round(r["tok_per_s"], 1) for r in runs]
+    out["runs_agree"] = all(r["texts"] == runs[0]["texts"] for r in runs)
+    return out
+
+
 def report(rows: dict[str, dict], n_docs: int, args) -> None:
     ref = rows["batch"]["texts"]
     t = Table(title=f"{n_docs} documents, {args.n_predict} tokens each, greedy, "
@@ -102,6 +128,10 @@ def report(rows: dict[str, dict], n_docs: int, args) -> None:
                  f"(prompts included) {on['tok_per_s'] / off['tok_per_s']:.2f}x")
     if line:
         console.print(line)
+    for name, r in rows.items():
+        if len(r.get("each_tok_per_s", ())) > 1:
+            console.print(f"{name}: runs {r['each_tok_per_s']} tok/s, "
+                          f"same texts every run: {r['runs_agree']}")
 
 
 def main() -> None:
@@ -113,6 +143,8 @@ def main() -> None:
     ap.add_argument("--slot-ctx", type=int, default=2048)
     ap.add_argument("--check-speedup", action="store_true",
                     help="also run batch with --spec-type none")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run batch and serve this many times each, ABBA order")
     ap.add_argument("--skip-generate", action="store_true")
     ap.add_argument("--json-out", default=None)
     ap.add_argument("--out-dir", default=None, help="keep inputs and outputs here")
@@ -122,10 +154,12 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     docs_path = out_dir / "docs.jsonl"
     docs_path.write_text("".join(json.dumps({"id": d.id, "prompt": d.prompt}) + "\n" for d in docs))
-    rows = {"batch": run_batch(docs_path, out_dir, args)}
+    batch, serve = paired_runs(lambda: run_batch(docs_path, out_dir, args),
+                               lambda: run_serve(docs, args), args.rounds)
+    rows = {"batch": batch}
     if args.check_speedup:
         rows["batch, spec off"] = run_batch(docs_path, out_dir, args, "none")
-    rows[f"serve -np {args.parallel}, {args.parallel} clients"] = run_serve(docs, args)
+    rows[f"serve -np {args.parallel}, {args.parallel} clients"] = serve
     if not args.skip_generate:
         rows["generate, one at a time"] = run_generate(docs, out_dir, args)
     report(rows, len(docs), args)

@@ -96,40 +96,44 @@ class EngineRunner:
                     elif isinstance(item, BadRecord):
                         yield BatchResult.bad(item)
                     else:
+                        running = _Running(item)
                         try:
-                            job = self._job(item, events)
+                            job = self._job(item, running, events)
                         except Exception as e:
                             yield BatchResult.from_exception(item, e)
                             continue
-                        live[job.id] = (job, _Running(item))
+                        live[job.id] = (job, running)
                         self.scheduler.submit(job)
                 if not live:
                     return
                 job_id, ev = events.get()
-                if job_id not in live:  # never expected: nothing follows a final event
-                    continue
-                done = self._collect(live[job_id][1], ev)
-                if done is not None:
-                    del live[job_id]
-                    yield done
+                if job_id in live:  # always: a job sends one final event, then nothing
+                    yield self._result(live.pop(job_id)[1], ev)
         finally:
             for job, _ in live.values():
                 self.scheduler.cancel(job)
 
     @staticmethod
-    def _collect(run: _Running, ev: Event) -> BatchResult | None:
-        """Add one event to a running record; its result once it is final."""
+    def _sink(run: _Running, events: queue.Queue, job_id: int):
+        """The job's sink (scheduler thread): text deltas are kept in `run.parts`;
+        only the final event crosses to the consumer's thread, so the consumer
+        wakes once per record, not once per step."""
+        def sink(ev: Event) -> None:
+            run.parts.append(ev.text)
+            if ev.final:
+                events.put((job_id, ev))
+        return sink
+
+    @staticmethod
+    def _result(run: _Running, ev: Event) -> BatchResult:
+        """A record's result from its final event (every delta is in `run.parts`)."""
+        rec, r = run.record, ev.response
         if ev.error is not None:
-            return BatchResult.from_exception(run.record, ev.error)
-        run.parts.append(ev.text)
-        r = ev.response
-        if r is None or not r.final:
-            return None
-        rec = run.record
+            return BatchResult.from_exception(rec, ev.error)
         return BatchResult(rec.id, rec.line, rec.index, "".join(run.parts), r.finish_reason,
                            r.timings(), r.tokens_per_step)
 
-    def _job(self, rec: Record, events: queue.Queue) -> Job:
+    def _job(self, rec: Record, run: _Running, events: queue.Queue) -> Job:
         """The scheduler job of a record (raises what is wrong with it)."""
         b, model = rec.body, self.engine.model
         text = chat_prompt(model, b.messages) if b.messages is not None else b.prompt
@@ -146,7 +150,7 @@ class EngineRunner:
                   spec=spec, stop=b.stop_list(), sink=lambda ev: None,
                   truncate_at_length=want < 0 or want > room,
                   cache_prompt=self.defaults.cache_prompt)
-        job.sink = lambda ev, job_id=job.id: events.put((job_id, ev))
+        job.sink = self._sink(run, events, job.id)
         return job
 
     def _sampling(self, b) -> SamplingParams:
