@@ -97,6 +97,11 @@ def csv(value: Any) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
+def csv_set(value: Any) -> tuple[str, ...]:
+    """A comma list as llama.cpp keeps it in a std::set: unique, sorted ('b,a,b' -> ('a', 'b'))."""
+    return tuple(sorted(set(csv(value))))
+
+
 def gpu_layers(value: Any) -> int:
     """-ngl N | auto | all -> llama_model_params.n_gpu_layers (negative: all)."""
     if isinstance(value, int):
@@ -258,9 +263,11 @@ _FLAGS: list[Flag] = [
          help="expose GET /slots (off: 501 not_supported_error)"),
     Flag(("--props",), "props", _V, bool, False, switch=True,
          help="enable POST /props (answers success and, as llama-server, changes nothing)"),
-    Flag(("-a", "--alias"), "alias", _V, parse=csv,
-         help="model name(s), comma-separated: the id in /v1/models, /props and responses"),
-    Flag(("--tags",), "tags", _V, parse=csv, help="model tags, comma-separated (informational)"),
+    Flag(("-a", "--alias"), "alias", _V, parse=csv_set, envvar=("LLAMA_ARG_ALIAS",),
+         help="model name(s), comma-separated: kept sorted and unique as in llama-server, the "
+              "first in sort order is the id in /v1/models, /props and responses"),
+    Flag(("--tags",), "tags", _V, parse=csv_set, envvar=("LLAMA_ARG_TAGS",),
+         help="model tags, comma-separated (informational; kept sorted and unique)"),
     Flag(("--chat-template",), "chat_template", _V, metavar="NAME|JINJA",
          help="a built-in template name (chatml, llama3, gemma, ...) or a Jinja template"),
     Flag(("--chat-template-file",), "chat_template_file", _V, click.Path(dir_okay=False),
