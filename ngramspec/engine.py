@@ -424,7 +424,7 @@ class Engine:
                f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v2")
         self._scratch = {}
         try:
-            warm = min(8, c.n_batch - 1)  # warm-up: first decodes allocate buffers
+            warm = min(8, c.n_batch - c.invariant)  # warm-up: first decodes allocate buffers
             self.measure_decode([Shape(0, warm, warm)])
             return load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
                                      c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
