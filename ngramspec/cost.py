@@ -195,11 +195,13 @@ def cache_path() -> Path:
 
 
 def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
-                       n_ctx_seq: int = 4096) -> list[list[Shape]]:
+                       n_ctx_seq: int = 4096, n_batch: int = 512,
+                       pad: bool = True) -> list[list[Shape]]:
     """Decodes measured to fit a DecodeCost: one stream at several sizes, with and
     without logits, with and without context; with one stream per sequence also
     several streams and decodes llama.cpp splits into two ubatches. Every shape
-    fits a sequence of n_ctx_seq cells and n_seq sequences."""
+    fits a sequence of n_ctx_seq cells and n_seq sequences, and one decode of n_batch
+    tokens (`fits_batch`, with padding when `pad`)."""
     sizes = [n for n in (1, 2, 8, 32, 63) if n < n_ctx_seq]
     shapes = [[Shape(0, n, n)] for n in sizes]
     shapes += [[Shape(0, n, 1)] for n in (16, 63) if n < n_ctx_seq]
@@ -213,7 +215,13 @@ def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
                    [Shape(0, 2, 2), Shape(1, 5, 5)]]
         if k >= 3:  # an odd logit count no padding row can even out
             shapes += [[Shape(s, 1, 1) for s in range(3)], [Shape(s, 3, 3) for s in range(3)]]
-    return shapes
+    return [sh for sh in shapes if fits_batch(sh, n_batch, pad)]
+
+
+def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
+    """Whether one decode of `shapes` fits a batch of n_batch tokens, counting the one
+    padding token a batch-invariant context (`pad`) may add per sequence."""
+    return sum(s.n_tokens + pad for s in shapes) <= n_batch
 
 
 PROBES = ([Shape(0, 8, 8)], [Shape(0, 32, 32)])  # contexts too small for these are not probed
@@ -229,13 +237,13 @@ def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
 
 
 def _still_valid(cost: DecodeCost, measure: Callable[[Sequence[Shape]], float],
-                 n_ctx_seq: int) -> bool:
+                 n_ctx_seq: int, n_batch: int, pad: bool = True) -> bool:
     """Spot-check a cached model: re-measure PROBES (best of 2) and keep it only if every
     probe is within PROBE_TOLERANCE. A model fitted while the machine was busy, or
     before a change of kernels or hardware, would otherwise steer every draft length
     until the cache is deleted by hand."""
     for shapes in PROBES:
-        if shapes[0].n_tokens >= n_ctx_seq:
+        if shapes[0].n_tokens >= n_ctx_seq or not fits_batch(shapes, n_batch, pad):
             continue
         now, cached = min(measure(shapes) for _ in range(2)), cost.seconds(shapes)
         if not (cached / PROBE_TOLERANCE <= now <= cached * PROBE_TOLERANCE):
@@ -244,9 +252,11 @@ def _still_valid(cost: DecodeCost, measure: Callable[[Sequence[Shape]], float],
 
 
 def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
-                      n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False) -> DecodeCost:
+                      n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False,
+                      n_batch: int = 512) -> DecodeCost:
     """The cost model for `key` (model file + size + threads + kernels + KV layout):
-    from the cache when a spot check still agrees with it, else measured and cached."""
+    from the cache when a spot check still agrees with it, else measured and cached.
+    Every decode measured fits n_batch (the context's batch capacity)."""
     path = cache_path()
     data: dict = {}
     if path.exists():
@@ -259,9 +269,10 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
             cached = DecodeCost(**data[key]["coef"], **layout)
         except (KeyError, TypeError, ValueError):
             cached = None
-        if cached is not None and _still_valid(cached, measure, n_ctx_seq):
+        if cached is not None and _still_valid(cached, measure, n_ctx_seq, n_batch, layout.get("pad", True)):
             return cached
-    shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq)
+    shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq, n_batch,
+                                layout.get("pad", True))
     cost = calibrate(measure, layout, shapes)
     coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
     data[key] = {"coef": coef, "measured_at": time.time()}

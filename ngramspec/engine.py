@@ -394,14 +394,15 @@ class Engine:
     def measure_decode(self, shapes: Sequence[Shape]) -> float:
         """Seconds for one decode of `shapes` on scratch content. The sequences must be
         free; each keeps its n_kv scratch cells for the next measurement (`calibrate`
-        clears them)."""
+        clears them). The scratch content is decoded in chunks of at most n_batch."""
         rng = np.random.default_rng(0)
+        chunk = min(512, self.ctx.n_batch)
         for s in shapes:
             have = self._scratch.get(s.seq_id, 0)
             if have != s.n_kv:
                 self.ctx.clear(s.seq_id)
-                for p in range(0, s.n_kv, 512):
-                    n = min(512, s.n_kv - p)
+                for p in range(0, s.n_kv, chunk):
+                    n = min(chunk, s.n_kv - p)
                     self.ctx._run([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
                 self._scratch[s.seq_id] = s.n_kv
         entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
@@ -423,9 +424,10 @@ class Engine:
                f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v2")
         self._scratch = {}
         try:
-            self.measure_decode([Shape(0, 8, 8)])  # warm-up: first decodes allocate buffers
+            warm = min(8, c.n_batch - c.invariant)  # warm-up: first decodes allocate buffers
+            self.measure_decode([Shape(0, warm, warm)])
             return load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
-                                     c.n_ctx_seq, refresh=refresh)
+                                     c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
         finally:
             for seq_id in self._scratch:
                 self.forget(seq_id)

@@ -97,6 +97,11 @@ def csv(value: Any) -> tuple[str, ...]:
     return tuple(p.strip() for p in str(value).split(",") if p.strip())
 
 
+def csv_set(value: Any) -> tuple[str, ...]:
+    """A comma list as llama.cpp keeps it in a std::set: unique, sorted ('b,a,b' -> ('a', 'b'))."""
+    return tuple(sorted(set(csv(value))))
+
+
 def gpu_layers(value: Any) -> int:
     """-ngl N | auto | all -> llama_model_params.n_gpu_layers (negative: all)."""
     if isinstance(value, int):
@@ -258,9 +263,11 @@ _FLAGS: list[Flag] = [
          help="expose GET /slots (off: 501 not_supported_error)"),
     Flag(("--props",), "props", _V, bool, False, switch=True,
          help="enable POST /props (answers success and, as llama-server, changes nothing)"),
-    Flag(("-a", "--alias"), "alias", _V, parse=csv,
-         help="model name(s), comma-separated: the id in /v1/models, /props and responses"),
-    Flag(("--tags",), "tags", _V, parse=csv, help="model tags, comma-separated (informational)"),
+    Flag(("-a", "--alias"), "alias", _V, parse=csv_set, envvar=("LLAMA_ARG_ALIAS",),
+         help="model name(s), comma-separated: kept sorted and unique as in llama-server, the "
+              "first in sort order is the id in /v1/models, /props and responses"),
+    Flag(("--tags",), "tags", _V, parse=csv_set, envvar=("LLAMA_ARG_TAGS",),
+         help="model tags, comma-separated (informational; kept sorted and unique)"),
     Flag(("--chat-template",), "chat_template", _V, metavar="NAME|JINJA",
          help="a built-in template name (chatml, llama3, gemma, ...) or a Jinja template"),
     Flag(("--chat-template-file",), "chat_template_file", _V, click.Path(dir_okay=False),
@@ -288,6 +295,38 @@ _FLAGS: list[Flag] = [
          help="embedding normalisation: -1 none, 0 max-abs, 1 taxicab, 2 euclidean, >2 p-norm"),
     Flag(("--ui", "--webui"), "webui", _V, bool, None, neg=("--no-ui", "--no-webui"),
          warn=bool, note="there is no web UI"),
+    # CORS (server/cors.py) and what llama-server ties to it
+    Flag(("--cors-origins",), "cors_origins", _V, metavar="ORIGINS",
+         envvar=("LLAMA_ARG_CORS_ORIGINS",),
+         help="Access-Control-Allow-Origin: '*' (echo the request's Origin), 'localhost' (echo "
+              "it only for a localhost Origin) or a value sent as is (default: '*'; "
+              "'localhost' when --tools, --mcp-servers-* or --agent is given)"),
+    Flag(("--cors-methods",), "cors_methods", _V, str, "GET, POST, DELETE, OPTIONS",
+         envvar=("LLAMA_ARG_CORS_METHODS",), help="Access-Control-Allow-Methods of a preflight"),
+    Flag(("--cors-headers",), "cors_headers", _V, str, "*", envvar=("LLAMA_ARG_CORS_HEADERS",),
+         help="Access-Control-Allow-Headers of a preflight"),
+    Flag(("--cors-credentials",), "cors_credentials", _V, bool, True,
+         neg=("--no-cors-credentials",),
+         help="Access-Control-Allow-Credentials; with --cors-origins '*' the Origin is echoed "
+              "(off: '*' is sent as is)"),
+    Flag(("--ui-mcp-proxy", "--webui-mcp-proxy"), "ui_mcp_proxy", _V, bool, None,
+         neg=("--no-ui-mcp-proxy", "--no-webui-mcp-proxy"),
+         help="serve GET/POST /cors-proxy?url=URL (forwards only x-llama-server-proxy-header-* "
+              "headers; do not enable in untrusted environments); off: 403. --agent turns it on"),
+    Flag(("--tools",), "tools", _V, parse=csv, envvar=("LLAMA_ARG_TOOLS",), metavar="TOOL,...",
+         note="there are no built-in tools here; as in llama-server, --cors-origins defaults "
+              "to localhost"),
+    Flag(("--mcp-servers-config",), "mcp_servers_config", _V, metavar="PATH",
+         envvar=("LLAMA_ARG_MCP_SERVERS_CONFIG",),
+         note="MCP servers are not run here; as in llama-server, --cors-origins defaults to "
+              "localhost"),
+    Flag(("--mcp-servers-json",), "mcp_servers_json", _V, metavar="JSON",
+         envvar=("LLAMA_ARG_MCP_SERVERS_JSON",),
+         note="MCP servers are not run here; as in llama-server, --cors-origins defaults to "
+              "localhost"),
+    Flag(("-ag", "--agent"), "agent", _V, bool, False, neg=("-no-ag", "--no-agent"), warn=bool,
+         note="there are no built-in tools here: only the CORS proxy (--ui-mcp-proxy) is "
+              "turned on; --cors-origins defaults to localhost"),
     Flag(("--spec-synth-len",), "spec_synth_len", _V, float, None,
          note="synthetic acceptance is not supported: the model verifies every draft"),
     Flag(("--spec-synth-rates",), "spec_synth_rates", _V, parse=synth_rates, metavar="P0,P1,...",
@@ -406,11 +445,8 @@ _FLAGS += _accepted(
 )
 _FLAGS += _accepted(
     "ignored", "not supported by this server",
-    "--path=", "--api-prefix=", "--cors-origins=", "--cors-methods=", "--cors-headers=",
-    "--cors-credentials | --no-cors-credentials", "--ssl-key-file=", "--ssl-cert-file=",
-    "--ui-config --webui-config=", "--ui-config-file --webui-config-file=",
-    "--ui-mcp-proxy --webui-mcp-proxy | --no-ui-mcp-proxy --no-webui-mcp-proxy", "--tools=",
-    "--tools-runtime=", "--mcp-servers-config=", "--mcp-servers-json=", "-ag --agent | -no-ag --no-agent",
+    "--path=", "--api-prefix=", "--ssl-key-file=", "--ssl-cert-file=",
+    "--ui-config --webui-config=", "--ui-config-file --webui-config-file=", "--tools-runtime=",
     "--rerank --reranking", "-sps --slot-prompt-similarity=",
     "--reasoning-format=", "-rea --reasoning=", "--reasoning-effort=", "--reasoning-budget=",
     "--reasoning-budget-message=", "--reasoning-preserve | --no-reasoning-preserve",

@@ -312,8 +312,12 @@ class Context:
     def _run(self, entries, pads: dict[int, int],
              pad_logits: dict[int, int] | None = None) -> list[list[int]]:
         """Fill the batch (each entry's tokens, then its pads, the first pad_logits of
-        them with logits nobody reads), decode, drop the pads."""
+        them with logits nobody reads), decode, drop the pads. Raises ValueError, before
+        writing anything, when they exceed n_batch: the llama_batch holds no more rows."""
         pad_logits = pad_logits or {}
+        total = sum(len(t) + pads.get(seq_id, 0) for seq_id, t, _, _ in entries)
+        if total > self.n_batch:
+            raise ValueError(f"a decode of {total} tokens exceeds n_batch={self.n_batch}")
         lc = _llama()
         b = self.batch
         i = 0

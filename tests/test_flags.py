@@ -85,7 +85,8 @@ def test_values_reach_settings():
               "-s", "42", "--no-cache-prompt", "-ngl", "99", "--slots", "--metrics")
     flags.pop_unused(v)
     s = from_flags(v)
-    assert s.alias == ("tinyllama-2", "other") and s.model_id("file.gguf") == "tinyllama-2"
+    # llama-server keeps aliases and tags in a std::set: sorted, the first is the id
+    assert s.alias == ("other", "tinyllama-2") and s.model_id("file.gguf") == "other"
     assert s.tags == ("a", "b") and s.host == ("127.0.0.1", "::1")
     assert s.api_keys == ("k1", "k2") and s.n_ctx_slot == 256 and s.n_predict == 64
     assert s.sampling.temperature == 0 and s.sampling.seed == 42
@@ -97,7 +98,7 @@ def test_settings_fields_come_from_the_table():
     for f in flags.for_command("serve", ("model", "request", "server")):
         want = f.default_for("serve")
         got = getattr(s, f.settings_field)
-        assert got == (f.parse(want) if f.parse and (want is not None or f.parse is flags.csv)
+        assert got == (f.parse(want) if f.parse and (want is not None or f.parse in (flags.csv, flags.csv_set))
                        else want), f.dest
     assert s.n_predict == -1 and s.n_ctx == 4096 and s.host == ("127.0.0.1",)
     assert ServerSettings(host="127.0.0.1,::1").host == ("127.0.0.1", "::1")

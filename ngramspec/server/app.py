@@ -16,7 +16,8 @@ from typing import Callable
 from fastapi import Depends, FastAPI
 
 from . import routes_native, routes_openai
-from .cors import CORSMiddleware
+from .cors import CORSMiddleware, CORSPolicy
+from .cors_proxy import cors_proxy_router
 from .errors import install_handlers
 from .embeddings import embedding_router
 from .settings import ServerSettings
@@ -48,11 +49,13 @@ def create_app(settings: ServerSettings, engine_factory: Callable | None = None,
     app = FastAPI(title="ngramspec", version=version, lifespan=lifespan)
     app.state.ngramspec = state
     install_handlers(app)
-    app.add_middleware(CORSMiddleware, origins="*")  # outermost: preflights skip the rest
+    # outermost: preflights skip the rest
+    app.add_middleware(CORSMiddleware, policy=CORSPolicy.from_settings(settings))
     for module in (routes_native, routes_openai):
         app.include_router(module.public)
         app.include_router(module.router)
     app.include_router(embedding_router(state, settings, [Depends(require_key)]))
     app.include_router(slot_actions_router(state, [Depends(require_key), Depends(ready_state)]))
+    app.include_router(cors_proxy_router(settings, [Depends(require_key)]))
     return app
 

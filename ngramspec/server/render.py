@@ -8,6 +8,7 @@ OpenAI's completion and chat objects and chunks, `usage`, `generation_settings`,
 from __future__ import annotations
 
 import hashlib
+import math
 from functools import lru_cache
 from typing import Any
 
@@ -29,14 +30,25 @@ def system_fingerprint() -> str:
     return "b0-" + hashlib.sha1(f"ngramspec {__version__}".encode()).hexdigest()[:8]
 
 
+def logit_bias_json(biases) -> list[dict]:
+    """llama-server's `logit_bias` list: {"bias", "token"} per (token, bias), a
+    non-finite bias (-inf: `false` or ignore_eos) as null, as nlohmann's JSON writes it."""
+    return [{"bias": b if math.isfinite(b) else None, "token": t} for t, b in biases]
+
+
 def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec: SpecConfig,
-                speculative: bool, stream: bool = False, timings_per_token: bool = False) -> dict:
-    """llama-server's `generation_settings` / slot `params` object."""
+                speculative: bool, stream: bool = False, timings_per_token: bool = False,
+                model=None) -> dict:
+    """llama-server's `generation_settings` / slot `params` object. `logit_bias` is the
+    chain's (`SamplingParams.biases`: with ignore_eos every EOG token at -inf), which
+    needs the `model`; without it only the request's own biases are listed."""
     mod_only = spec.types == ("ngram-mod",)
+    biases = sampling.biases(model) if model is not None else sampling.logit_bias
     return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
             "stop": stop, "max_tokens": n_predict, "stream": stream,
+            "ignore_eos": sampling.ignore_eos, "logit_bias": logit_bias_json(biases),
             "grammar": sampling.grammar or "", "samplers": SAMPLERS,
             "speculative": speculative,
             "speculative.types": ",".join(spec.types) or "none",
@@ -160,22 +172,27 @@ def prompt_text(model, tokens) -> str:
                                                                                   "replace")
 
 
-def slot_json(slot, n_ctx_slot: int, idle_params: dict, default_spec: SpecConfig) -> dict:
-    """One /slots entry (llama-server's, with our draft counters); `idle_params` are
-    shown for a slot without a job."""
+def slot_json(slot, n_ctx_slot: int, idle_params: dict, default_spec: SpecConfig,
+              model=None) -> dict:
+    """One /slots entry as llama-server's (plus our draft counters). A busy slot shows
+    its job (id_task, params, next_token); an idle one the last job it ran, with the
+    budget reset (n_remain -1, n_decoded 0, as llama-server's slot reset); a slot that
+    never ran one has only id, n_ctx, speculative (from `idle_params`), is_processing."""
     job, st = slot.job, slot.st
-    if job is None:
-        params, processing = idle_params, False
-    else:
-        params = params_json(job.sampling, job.n_predict, job.stop, job.spec or default_spec,
-                             job.speculative)
-        processing = True
-    n_decoded = st.n_generated if st is not None else 0
-    return {"id": slot.id, "id_task": job.id if job is not None else -1, "n_ctx": n_ctx_slot,
-            "speculative": params["speculative"], "is_processing": processing,
-            "params": params,
-            "next_token": [{"has_next_token": processing, "has_new_line": slot.has_new_line,
-                            "n_remain": (job.n_predict - n_decoded) if job is not None else -1,
-                            "n_decoded": n_decoded}],
-            "draft_n": st.draft_n if st is not None else 0,
-            "draft_n_accepted": st.draft_n_accepted if st is not None else 0}
+    processing = job is not None
+    shown = job if processing else slot.prev_job
+    out = {"id": slot.id, "n_ctx": n_ctx_slot, "speculative": idle_params["speculative"],
+           "is_processing": processing}
+    if shown is not None:
+        params = params_json(shown.sampling, shown.n_predict, shown.stop,
+                             shown.spec or default_spec, shown.speculative, model=model)
+        n_decoded = st.n_generated if st is not None else 0
+        n_remain = shown.n_predict - n_decoded if processing and shown.n_predict >= 0 else -1
+        out.update({"speculative": params["speculative"], "id_task": shown.id,
+                    "n_prompt_tokens": len(shown.prompt), "params": params,
+                    "next_token": [{"has_next_token": processing,
+                                    "has_new_line": processing and slot.has_new_line,
+                                    "n_remain": n_remain, "n_decoded": n_decoded}]})
+    out.update({"draft_n": st.draft_n if st is not None else 0,
+                "draft_n_accepted": st.draft_n_accepted if st is not None else 0})
+    return out

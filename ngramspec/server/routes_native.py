@@ -33,7 +33,8 @@ async def health(state: ServerState = Depends(ready_state)):
 def idle_params(state: ServerState) -> dict:
     s = state.settings
     return render.params_json(s.sampling, s.n_predict, [], s.spec,
-                              s.spec.enabled or state.engine.draft_drafter is not None)
+                              s.spec.enabled or state.engine.draft_drafter is not None,
+                              model=state.engine.model)
 
 
 @router.get("/props")
@@ -63,7 +64,7 @@ async def slots(fail_on_no_slot: int = 0, state: ServerState = Depends(ready_sta
         raise APIError("This server does not support slots endpoint. Start it with `--slots`",
                        "not_supported_error")
     idle = idle_params(state)
-    out = [render.slot_json(s, state.n_ctx_slot, idle, state.settings.spec)
+    out = [render.slot_json(s, state.n_ctx_slot, idle, state.settings.spec, state.engine.model)
            for s in state.scheduler.slots]
     if fail_on_no_slot and all(s["is_processing"] for s in out):
         raise APIError("no slot available", "unavailable_error")
@@ -114,7 +115,8 @@ def native_final_json(state: ServerState, prep: Prepared, job: Job, index: int, 
                       tokens: list[int], ev: Event, stream: bool) -> dict:
     spec = job.spec or state.settings.spec
     settings = render.params_json(prep.sampling, prep.n_predict, prep.stop, spec,
-                                  job.speculative, stream, prep.timings_per_token)
+                                  job.speculative, stream, prep.timings_per_token,
+                                  model=state.engine.model)
     return render.native_final(index, content, tokens, ev.response, state.model_id, settings,
                                render.prompt_text(state.engine.model, prep.tokens))
 

@@ -99,6 +99,7 @@ class Slot:
     gen: Generation | None = None
     n_tasks: int = 0
     last_used: float = 0.0
+    prev_job: Job | None = None  # the last job that left the slot (/slots shows it when idle)
 
     @property
     def has_new_line(self) -> bool:
@@ -404,5 +405,6 @@ class Scheduler:
         with self.cv:
             if s.job is not None:
                 s.job.finished = True
+                s.prev_job = s.job
             s.job, s.st, s.gen = None, None, None
             s.last_used = time.perf_counter()

@@ -35,7 +35,7 @@ def _default_sampling() -> SamplingParams:
 def _post_init(self) -> None:
     for name, parse in flags.parsers().items():
         v = getattr(self, name)
-        if v is not None or parse is flags.csv:  # an unset comma list is ()
+        if v is not None or parse in (flags.csv, flags.csv_set):  # an unset comma list is ()
             object.__setattr__(self, name, parse(v))
     if self.n_parallel < 1:
         raise ConfigError(f"-np/--parallel must be >= 1, got {self.n_parallel}")
@@ -74,7 +74,8 @@ def _n_ctx_slot(self) -> int:
 
 
 def _model_id(self, loaded_name: str) -> str:
-    """The model id clients see: the first --alias, else the model file's name."""
+    """The model id clients see: the first --alias in sort order (llama-server keeps
+    them in a std::set), else the model file's name."""
     return self.alias[0] if self.alias else loaded_name
 
 

@@ -35,7 +35,7 @@ class ServerState:
 
     @property
     def model_id(self) -> str:
-        """--alias's first name, else the model file's name."""
+        """--alias's first name in sort order, else the model file's name."""
         return self.settings.model_id(self.engine.model.path.name if self.engine else "loading")
 
     def load(self, engine_factory: Callable | None = None) -> None:

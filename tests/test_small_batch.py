@@ -1,0 +1,52 @@
+"""A small -b/--batch-size never crashes loading (regression: llama.cpp's router preset
+passes `--batch-size 16 --ctx-size 1024`; calibrating the cost model then wrote 512
+scratch tokens into a 64-row llama_batch: "ValueError: NULL pointer access")."""
+import pytest
+
+from ngramspec.cost import calibration_shapes, fits_batch
+
+
+@pytest.mark.parametrize("n_batch", [2, 16, 64, 512])
+@pytest.mark.parametrize("per_seq_streams,n_seq", [(False, 1), (True, 4)])
+def test_calibration_shapes_fit_the_batch(n_batch, per_seq_streams, n_seq):
+    shapes = calibration_shapes(per_seq_streams, n_seq, 1024, n_batch)
+    assert all(fits_batch(sh, n_batch) for sh in shapes)
+    assert all(sum(s.n_tokens + 1 for s in sh) <= n_batch for sh in shapes)
+    unpadded = calibration_shapes(per_seq_streams, n_seq, 1024, n_batch, pad=False)
+    assert unpadded and all(sum(s.n_tokens for s in sh) <= n_batch for sh in unpadded)
+    if n_batch >= 64:  # nothing dropped when every shape fits
+        assert shapes == calibration_shapes(per_seq_streams, n_seq, 1024)
+
+
+def test_oversized_decode_raises_before_touching_the_batch(model, threads):
+    from ngramspec.model import Context, ContextParams
+
+    ctx = Context(model, ContextParams(n_ctx=256, n_batch=64, n_threads=threads,
+                                       batch_invariant=False))
+    try:
+        with pytest.raises(ValueError, match="exceeds n_batch=64"):
+            ctx._run([(0, list(range(1000, 1100)), 0, False)], {})
+        ctx._run([(0, list(range(1000, 1064)), 0, False)], {})  # exactly n_batch: fine
+    finally:
+        ctx.close()
+
+
+@pytest.mark.parametrize("invariant,n_batch", [(True, 16), (False, 16), (False, 1)])
+def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, threads, tmp_path,
+                                                        monkeypatch):
+    """The router preset's flags (-c 1024 -b 16 -np 1), with an empty cost cache so
+    calibration runs every measurement (it used to crash only then); -b 1 too."""
+    from ngramspec.config import SpecConfig
+    from ngramspec.runtime import LoadOptions, load_engine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    from ngramspec.policy import CostPolicy
+
+    engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=1,
+                         batch_invariant=invariant, options=LoadOptions(n_batch=n_batch))
+    try:
+        assert isinstance(engine.policy, CostPolicy)
+        assert (tmp_path / "ngramspec" / "decode_cost.json").is_file()
+        assert engine.ctx.n_batch == (64 if invariant else n_batch)
+    finally:
+        engine.ctx.close()
