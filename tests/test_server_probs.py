@@ -19,6 +19,7 @@ MSGS = [{"role": "user", "content": "Copy this text:\n" + "The quick brown fox j
          "the lazy dog.\n" * 3}]
 ON = ["--spec-type", "ngram-simple", "--spec-ngram-size-n", "3", "--spec-ngram-size-m", "8"]
 OFF = ["--spec-type", "none"]
+STOP = [" lazy"]  # drafts run past it: tokens after it must show nothing
 
 
 def native(c: httpx.Client, extra: dict) -> dict:
@@ -47,6 +48,9 @@ def answers(args: list[str]) -> dict:
         with httpx.Client(base_url=sp.url, timeout=120) as c:
             return {"plain": native(c, {}), "probs": native(c, {"n_probs": 5}),
                     "stream": native_stream(c, {"n_probs": 5}),
+                    "stop_plain": native(c, {"stop": STOP}),
+                    "stop_probs": native(c, {"stop": STOP, "n_probs": 2}),
+                    "stop_stream": native_stream(c, {"stop": STOP, "n_probs": 2}),
                     "chat_plain": chat(c, {}),
                     "chat_probs": chat(c, {"logprobs": True, "top_logprobs": 5})}
     finally:
@@ -86,3 +90,18 @@ def test_probabilities_are_the_same_numbers_with_and_without_speculation(runs):
     assert streamed == off["completion_probabilities"]
     assert runs["on"]["chat_probs"]["choices"][0]["logprobs"] == \
         runs["off"]["chat_probs"]["choices"][0]["logprobs"]
+
+
+def test_a_stop_string_cuts_the_same_text_and_tokens_with_probabilities(runs):
+    ref = runs["off"]["stop_plain"]
+    assert ref["stop_type"] == "word" and ref["content"].endswith("over the")
+    assert runs["on"]["stop_probs"]["timings"]["draft_n_accepted"] > 0
+    for side in ("on", "off"):
+        for key in ("stop_plain", "stop_probs"):
+            assert runs[side][key]["content"] == ref["content"], (side, key)
+        listed = runs[side]["stop_probs"]["completion_probabilities"]
+        assert "".join(p["token"] for p in listed) == ref["content"]
+        streamed = "".join(e["content"] for e in runs[side]["stop_stream"])
+        assert streamed == ref["content"], side
+    assert runs["on"]["stop_probs"]["completion_probabilities"] == \
+        runs["off"]["stop_probs"]["completion_probabilities"]
