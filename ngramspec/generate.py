@@ -132,6 +132,8 @@ class Generation:
         if out.probs:  # token by token: each token's own share of the text
             last = len(out.tokens) - 1
             for i, (t, p) in enumerate(zip(out.tokens, out.probs)):
+                if self.stream.stopped is not None:
+                    break  # tokens a step drafted past a stop string: plain decoding has none
                 probs.append(TokenOutput(self.stream.push([t], final=finish is not None
                                                           and i == last), p))
             delta = "".join(p.text for p in probs)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 from fastapi import Request
 
+from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
@@ -30,6 +31,7 @@ from .types import ChatCompletionRequest, PromptObject, SpeculativeParams, _Gene
 SPEC_HEADER = "X-Ngramspec-Speculative"
 OFF_VALUES = {"off", "disabled", "false", "0", "none", "no"}
 ON_VALUES = {"on", "enabled", "true", "1", "yes", ""}
+RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler draws its own
 
 
 @dataclass
@@ -135,9 +137,10 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           min_p=float(pick(req.min_p, d.min_p)),
                           repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
                           repeat_last_n=repeat_last_n,
-                          seed=0xFFFFFFFF if seed == -1 else seed,
+                          seed=RANDOM_SEED if seed == -1 else seed,
                           grammar=_grammar(req) or d.grammar,
-                          **sampler_fields(state.engine.model, req))
+                          **sampler_fields(state.engine.model, req),
+                          **request_probs(req, state.engine.model.n_vocab))
 
 def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
     n_vocab = state.engine.model.n_vocab
@@ -213,6 +216,32 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
                     else req.cache_prompt,
                     prediction=_prediction(state, req), timings_per_token=req.timings_per_token,
                     return_progress=req.return_progress and req.stream)
+
+def n_choices(state: ServerState, req: _Generation) -> int:
+    """How many choices per prompt (`n_cmpl`, else `n`, else 1): 1 up to the slot
+    count, as llama-server (400 otherwise)."""
+    n = req.n_cmpl if req.n_cmpl is not None else 1 if req.n is None else req.n
+    hi = state.settings.n_parallel
+    if not 1 <= n <= hi:
+        name = "n_cmpl" if req.n_cmpl is not None else "n"
+        raise APIError(f"{name}: the number of choices must be between 1 and {hi} (the "
+                       f"server's slots, -np), got {n}", "invalid_request_error")
+    return n
+
+
+def expand_choices(preps: list[Prepared], n: int) -> list[Prepared]:
+    """`n` jobs per prompt, choice j of prompt p at index p * n + j (llama-server's
+    order). Choice j > 0 may run in any slot and samples with seed + j (a random seed
+    stays random), so sampled choices differ and greedy ones are equal."""
+    out = []
+    for p in preps:
+        out.append(p)
+        for j in range(1, n):
+            s = p.sampling
+            seed = s.seed if s.seed == RANDOM_SEED else (s.seed + j) & 0xFFFFFFFF
+            out.append(replace(p, id_slot=-1, sampling=replace(s, seed=seed)))
+    return out
+
 
 def render_messages(state: ServerState, body: ChatCompletionRequest) -> str:
     """The chat request's prompt text (assistant prefill and its checks as llama-server)."""

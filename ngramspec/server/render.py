@@ -84,13 +84,15 @@ def progress_timings(p: dict) -> dict:
     return timings(p["processed"] - p["cache"], p["time_ms"], 0, 0.0, cache_n=p["cache"])
 
 
-def usage(results: list[GenerationResponse]) -> dict:
-    """OpenAI usage summed over a request's choices (one per prompt)."""
-    prompt = sum(r.prompt_tokens for r in results)
+def usage(results: list[GenerationResponse], n: int = 1) -> dict:
+    """OpenAI usage of a request's choices (`n` per prompt, a prompt's choices in a row):
+    each prompt counted once (its first choice), completion tokens summed."""
+    firsts = results[::n]
+    prompt = sum(r.prompt_tokens for r in firsts)
     completion = sum(r.generation_tokens for r in results)
     return {"completion_tokens": completion, "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in results)}}
+            "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in firsts)}}
 
 
 def native_partial(index: int, r: GenerationResponse, n_prompt: int, slot_id: int,
@@ -151,9 +153,10 @@ def oai_chunk(base: dict, chat: bool, index: int, finish: str | None = None,
     return {**base, "object": "text_completion", "choices": [choice]}
 
 
-def oai_usage_chunk(base: dict, chat: bool, results: list[GenerationResponse]) -> dict:
+def oai_usage_chunk(base: dict, chat: bool, results: list[GenerationResponse],
+                    n: int = 1) -> dict:
     return {**base, "object": "chat.completion.chunk" if chat else "text_completion",
-            "choices": [], "usage": usage(results)}
+            "choices": [], "usage": usage(results, n)}
 
 
 def spec_headers(speculative: bool, result: GenerationResponse | None = None) -> dict[str, str]:

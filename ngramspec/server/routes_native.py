@@ -9,11 +9,11 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import metrics as metrics_mod
-from . import render
+from . import probs, render
 from .chat import chosen_template
 from .errors import APIError, error_body, to_api_error
-from .prepare import (Prepared, check_tokens, parse_body, prepare, render_messages,
-                      split_prompts, tokenize_prompt)
+from .prepare import (Prepared, check_tokens, expand_choices, n_choices, parse_body, prepare,
+                      render_messages, split_prompts, tokenize_prompt)
 from .run import Run, RunStreamingResponse, sse, start_run
 from .scheduler import Event, Job
 from .state import ServerState, ready_state, require_key
@@ -86,11 +86,12 @@ async def metrics(state: ServerState = Depends(ready_state)):
 @router.post("/completion")
 @router.post("/completions")
 async def completion(request: Request, state: ServerState = Depends(ready_state)):
-    """One prompt: one result object; a batch of prompts: a list of them (index i)."""
+    """One result: one object; several (a batch of prompts, `n_cmpl` choices each):
+    a list of them (index p * n_cmpl + j)."""
     body = await parse_body(request, NativeCompletionRequest)
-    batch = split_prompts(body.prompt)
-    preps = [prepare(state, body, request, *tokenize_prompt(state, p), body.n_predict)
-             for p in batch]
+    n = n_choices(state, body)
+    preps = expand_choices([prepare(state, body, request, *tokenize_prompt(state, p),
+                                    body.n_predict) for p in split_prompts(body.prompt)], n)
     started = await start_run(state, request, preps, body.stream)
     if started is None:
         return Response(status_code=499)
@@ -105,10 +106,13 @@ async def completion(request: Request, state: ServerState = Depends(ready_state)
     for i, ((content, toks, ev), prep, job) in enumerate(zip(got, preps, run.jobs)):
         out = native_final_json(state, prep, job, i, content,
                                 toks if body.return_tokens else [], ev, False)
+        listed = probs.final_outputs(state.engine.model, run.probs[i], ev.response)
+        if listed:
+            out["completion_probabilities"] = probs.probs_json(state.engine.model, listed)
         outs.append(render.pick_fields(body.response_fields, out) if body.response_fields
                     else out)
     headers = render.spec_headers(run.jobs[0].speculative, got[0][2].response)
-    return JSONResponse(outs if len(batch) > 1 else outs[0], headers=headers)
+    return JSONResponse(outs if len(outs) > 1 else outs[0], headers=headers)
 
 
 def native_final_json(state: ServerState, prep: Prepared, job: Job, index: int, content: str,
@@ -120,27 +124,51 @@ def native_final_json(state: ServerState, prep: Prepared, job: Job, index: int, 
     return render.native_final(index, content, tokens, ev.response, state.model_id, settings,
                                render.prompt_text(state.engine.model, prep.tokens))
 
+
+def native_partials(state: ServerState, i: int, r, n_prompt: int, slot_id: int,
+                    with_timings: bool) -> list[dict]:
+    """A response's streamed chunks: one, or with probabilities one per token, each with
+    its `completion_probabilities` (as llama-server)."""
+    if not r.probs:
+        return [render.native_partial(i, r, n_prompt, slot_id, with_timings)]
+    out = []
+    for step in probs.token_steps(r):
+        c = render.native_partial(i, step, n_prompt, slot_id, with_timings)
+        c["completion_probabilities"] = probs.probs_json(state.engine.model, step.probs)
+        out.append(c)
+    return out
+
+
 async def native_stream(state: ServerState, run: Run, preps: list[Prepared],
                         body) -> AsyncIterator[str]:
-    """/completion's SSE, every prompt's chunks carrying its index: progress chunks
-    (return_progress), one chunk per emitted text, the final object (response_fields
-    applied); an error object ends the stream."""
+    """/completion's SSE, every job's chunks carrying its index: progress chunks
+    (return_progress), one chunk per emitted text (per token with probabilities), the
+    final object (response_fields applied); an error object ends the stream. With
+    probabilities the final event's tokens go in chunks of their own first, so the
+    final object has none (as llama-server's)."""
     async for i, ev in run.events():
         if ev.error is not None:
             yield sse(error_body(to_api_error(ev.error)))
             return
         n_prompt = len(preps[i].tokens)
+        r = ev.response
         if ev.progress is not None:
             yield sse(render.native_progress(i, ev.progress, n_prompt, ev.slot_id,
                                              body.timings_per_token))
         elif ev.final:
-            out = native_final_json(state, preps[i], run.jobs[i], i, ev.text, ev.tokens, ev,
-                                    True)
+            text, toks = ev.text, ev.tokens
+            if r.probs:
+                for c in native_partials(state, i, r, n_prompt, ev.slot_id,
+                                         body.timings_per_token):
+                    yield sse(c)
+                text, toks = "", []
+            out = native_final_json(state, preps[i], run.jobs[i], i, text, toks, ev, True)
             yield sse(render.pick_fields(body.response_fields, out) if body.response_fields
                       else out)
-        elif ev.response is not None:
-            yield sse(render.native_partial(i, ev.response, n_prompt, ev.slot_id,
-                                            body.timings_per_token))
+        elif r is not None:
+            for c in native_partials(state, i, r, n_prompt, ev.slot_id,
+                                     body.timings_per_token):
+                yield sse(c)
 
 
 @router.post("/tokenize")

@@ -19,6 +19,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
+from ..generate import TokenOutput
 from .prepare import Prepared, make_job
 from .scheduler import Event, Job, Scheduler
 from .state import ServerState
@@ -56,6 +57,7 @@ class Run:
         self.scheduler = scheduler
         self.queue: asyncio.Queue = asyncio.Queue()
         self.jobs: list[Job] = []
+        self.probs: list[list[TokenOutput]] = []  # per job, filled by `collect`
         self.gone = Disconnect(request)
         self._held: collections.deque = collections.deque()
         self._loop = asyncio.get_running_loop()
@@ -123,9 +125,11 @@ class Run:
 
     async def collect(self) -> list[tuple[str, list[int], Event]] | None:
         """Every job's whole output (text, tokens, final event), by job index; None if
-        the client left. The jobs are cancelled on return either way."""
+        the client left. The jobs are cancelled on return either way. Each job's
+        per-token probabilities (requests with n_probs > 0) land in `self.probs[i]`."""
         parts: list[list[str]] = [[] for _ in self.jobs]
         tokens: list[list[int]] = [[] for _ in self.jobs]
+        self.probs = [[] for _ in self.jobs]
         finals: list[Event | None] = [None] * len(self.jobs)
         try:
             while any(f is None for f in finals):
@@ -137,6 +141,8 @@ class Run:
                     raise ev.error
                 parts[i].append(ev.text)
                 tokens[i].extend(ev.tokens)
+                if ev.response is not None:
+                    self.probs[i].extend(ev.response.probs)
                 if ev.final:
                     finals[i] = ev
         finally:

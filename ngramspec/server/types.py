@@ -6,7 +6,10 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-MAX_CHOICES = 128
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
+#: more candidates per token than this is refused (llama-server clamps to the vocabulary;
+#: thousands of entries per generated token only make the response huge)
+MAX_N_PROBS = 1024
 SPEC_FIELDS = ("type", "n_max", "n_min", "ngram_size_n", "ngram_size_m")
 
 
@@ -70,6 +73,12 @@ class _Generation(BaseModel):
     # [[token|string, bias|false], ...] or {"token id"|string: bias|false} (llama-server, OpenAI)
     logit_bias: list[Any] | dict[str, Any] | None = None
     ignore_eos: StrictBool = False  # bans every end-of-generation token (a -inf logit bias)
+    # top-N probabilities of every generated token (0: none; clamped to the vocabulary)
+    n_probs: StrictInt | None = Field(None, ge=0, le=MAX_N_PROBS)
+    post_sampling_probs: StrictBool = False  # probabilities after the sampler chain
+    # independent choices, one job (slot) each: llama-server's `n_cmpl`, or OpenAI's `n`
+    n_cmpl: StrictInt | None = None
+    n: StrictInt | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -114,7 +123,6 @@ class ResponseFormat(BaseModel):
 class _OpenAI(_Generation):
     model: StrictStr | None = None
     max_tokens: StrictInt | None = Field(None, ge=-1)
-    n: StrictInt = Field(1, ge=1, le=MAX_CHOICES)  # independent choices, one job (slot) each
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None
@@ -125,6 +133,7 @@ class CompletionRequest(_OpenAI):
 
     prompt: Prompt
     echo: StrictBool = False
+    logprobs: StrictInt | StrictBool | None = None  # OpenAI's legacy form: n_probs
 
 
 class ContentPart(BaseModel):
@@ -147,6 +156,8 @@ class ChatCompletionRequest(_OpenAI):
     tools: list[Any] | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None  # vLLM's name for the assistant prefill
+    logprobs: StrictBool | None = None  # report probabilities (n_probs = top_logprobs or 20)
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs
 
 
 class NativeCompletionRequest(_Generation):
@@ -157,6 +168,7 @@ class NativeCompletionRequest(_Generation):
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None  # only these fields ('/' paths)
     response_format: ResponseFormat | None = None
+    logprobs: StrictInt | StrictBool | None = None  # llama-server's alias of n_probs
 
 
 Prediction.model_rebuild()
