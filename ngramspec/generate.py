@@ -126,19 +126,23 @@ class Generation:
         self.truncate_at_length = truncate_at_length
 
     def push(self, out: StepOutput) -> GenerationResponse:
+        """The response for one step's tokens.
+
+        Invariant: a step that accepted drafted tokens past a stop string emits
+        exactly what plain decoding would have: the tokens up to the one that
+        completes the stop string; the rest are dropped from `tokens`, from the
+        probabilities and from the generated count (`st.n_generated`)."""
         st = self.st
         finish = out.finish_reason
-        probs: list[TokenOutput] = []
-        if out.probs:  # token by token: each token's own share of the text
-            last = len(out.tokens) - 1
-            for i, (t, p) in enumerate(zip(out.tokens, out.probs)):
-                if self.stream.stopped is not None:
-                    break  # tokens a step drafted past a stop string: plain decoding has none
-                probs.append(TokenOutput(self.stream.push([t], final=finish is not None
-                                                          and i == last), p))
-            delta = "".join(p.text for p in probs)
+        tokens, probs = list(out.tokens), []
+        if out.probs or self.stream.stop:  # token by token: each token's own share of the text
+            pieces = self._push_each(tokens, finish is not None)
+            st.n_generated -= len(tokens) - len(pieces)
+            tokens = tokens[:len(pieces)]
+            probs = [TokenOutput(text, p) for text, p in zip(pieces, out.probs or ())]
+            delta = "".join(pieces)
         else:
-            delta = self.stream.push(out.tokens, final=finish is not None)
+            delta = self.stream.push(tokens, final=finish is not None)
         stop_type, word = "none", ""
         if self.stream.stopped is not None:
             finish = st.finish_reason = "stop"
@@ -149,14 +153,23 @@ class Generation:
             stop_type = "limit"
         prompt_done = st.t_prompt_done or st.t_last
         return GenerationResponse(
-            text=delta, tokens=list(out.tokens), finish_reason=finish, prompt_tokens=st.n_prompt,
+            text=delta, tokens=tokens, finish_reason=finish, prompt_tokens=st.n_prompt,
             cache_n=st.n_cached, generation_tokens=st.n_generated,
             prompt_ms=(prompt_done - st.t_start) * 1e3,
             predicted_ms=max(st.t_last - prompt_done, 0.0) * 1e3, draft_n=st.draft_n,
             draft_n_accepted=st.draft_n_accepted, steps=st.steps, speculative=st.speculative,
             slot_id=st.seq_id, stop_type=stop_type, stopping_word=word,
             truncated=(finish == "length" and self.truncate_at_length) or st.n_shifted > 0,
-            probs=probs or [])
+            probs=probs)
+
+    def _push_each(self, tokens: list[int], final: bool) -> list[str]:
+        """Each token's text, stopping after the token that completes a stop string."""
+        pieces = []
+        for i, t in enumerate(tokens):
+            if self.stream.stopped is not None:
+                break  # tokens a step drafted past a stop string: plain decoding has none
+            pieces.append(self.stream.push([t], final=final and i == len(tokens) - 1))
+        return pieces
 
 
 def stream_generate(engine: Engine, prompt: str | Sequence[int], sampling: SamplingParams,

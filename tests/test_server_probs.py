@@ -105,3 +105,8 @@ def test_a_stop_string_cuts_the_same_text_and_tokens_with_probabilities(runs):
         assert streamed == ref["content"], side
     assert runs["on"]["stop_probs"]["completion_probabilities"] == \
         runs["off"]["stop_probs"]["completion_probabilities"]
+    # tokens drafted past the stop are not output: same tokens and count as plain decoding
+    for key in ("stop_plain", "stop_probs"):
+        for field in ("tokens", "tokens_predicted"):
+            assert runs["on"][key][field] == runs["off"][key][field], (key, field)
+        assert runs["on"][key]["timings"]["predicted_n"] == ref["timings"]["predicted_n"], key
