@@ -29,9 +29,12 @@ Invariants (per sequence, after every step):
   shift happens at the same token with speculation on and off. Only the tokens
   before n_keep keep the values a fresh prefill gives (`n_unshifted`).
 - Prompt tokens are evaluated by `Context.prefill` (tiled attention, 64+ rows)
-  when the prompt has 64 tokens or more, else by one ordinary decode; either way
-  the prompt's KV is a function of the prompt alone (docs/exactness.md), so a
-  cached prefix is reused only where it was evaluated that same way.
+  when the prompt has 64 tokens or more, else by one ordinary decode (the small-row
+  path that generation steps take too); either way the prompt's KV is a function
+  of the prompt alone (docs/exactness.md), so a cached prefix is reused only where
+  it was evaluated that same way: a long prompt reuses the tiled cells of the last
+  prompt, a short one every cell of a slot whose last prompt was short (its prompt
+  and generated tokens alike).
 """
 from __future__ import annotations
 
@@ -119,7 +122,8 @@ class SlotCache:
     """What a sequence id's KV holds after its last request (llama-server's cache_prompt)."""
 
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    reusable: int = 0  # leading tokens evaluated by the tiled prefill (reusable as prompt)
+    reusable: int = 0  # leading tokens reusable as prompt, all evaluated on one path:
+    tiled: bool = True  # the tiled prefill (True) or the small-row path (False)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -174,10 +178,10 @@ class Engine:
     # ------------------------------------------------------------ admission
     def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
         """Prompt tokens sequence `seq_id`'s KV already holds, evaluated as a prefill of
-        this prompt would evaluate them; at least one token is always left to evaluate
-        (its logits give the first token)."""
+        this prompt would evaluate them (the same path: tiled or small-row); at least
+        one token is always left to evaluate (its logits give the first token)."""
         c = self.cache.get(seq_id)
-        if c is None or not self._tiled(len(prompt)):
+        if c is None or c.tiled != self._tiled(len(prompt)):
             return 0
         return min(common_prefix(c.tokens[:c.reusable], prompt), len(prompt) - 1)
 
@@ -273,10 +277,16 @@ class Engine:
 
     def finish(self, st: SeqState) -> None:
         """Release a sequence: drafter state and sampler; its KV stays as the slot's
-        prompt cache (the prompt part that a later prefill would evaluate alike)."""
-        reusable = st.n_prompt if self._tiled(st.n_prompt) and not st.prefilling else 0
+        prompt cache (the part that a later prefill would evaluate alike): a long
+        prompt's tiled cells, or, after a short prompt, every cell (its prompt and its
+        generation steps both took the small-row path)."""
+        tiled = self._tiled(st.n_prompt)
+        if tiled:
+            reusable = st.n_prompt if not st.prefilling else 0
+        else:
+            reusable = st.n_hist
         reusable = min(reusable, st.n_unshifted)
-        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable)
+        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable, tiled)
         if st.spec is not None:
             st.spec.end()
         st.sampler.close()
