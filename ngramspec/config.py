@@ -67,6 +67,7 @@ class SpecConfig:
     ngram_map_k4v: NgramMapParams = field(default_factory=NgramMapParams)
     ngram_mod: NgramModParams = field(default_factory=NgramModParams)
     pool_bytes: int = DEFAULT_POOL_BYTES
+    draft_p_min: float | None = None  # -md model: stop below this top probability (None: its own)
     policy: str = "fixed"  # "fixed": llama.cpp's lengths; "cost": chosen from t(K) and acceptance
 
     def __post_init__(self) -> None:
@@ -190,6 +191,8 @@ def validate(cfg: SpecConfig) -> None:
         if cfg.draft_min > cfg.draft_max:
             raise ConfigError(f"--draft-min ({cfg.draft_min}) must not exceed --draft-max "
                               f"({cfg.draft_max})")
+    if cfg.draft_p_min is not None and not 0.0 <= cfg.draft_p_min <= 1.0:
+        raise ConfigError(f"--draft-p-min must be between 0 and 1, got {cfg.draft_p_min!r}")
     _check_range("pool size (bytes)", cfg.pool_bytes, 1 << 13)
     if cfg.pool_bytes & (cfg.pool_bytes - 1):
         raise ConfigError(f"pool size must be a power of two bytes, got {cfg.pool_bytes}")

@@ -7,7 +7,8 @@ Invariants:
   accepted history; `draft` first feeds what is missing (history + sampled),
   then drafts greedily one token at a time, then drops the drafted entries.
 - Drafting stops early when the draft model's top probability falls below
-  `p_min` (llama.cpp's --draft-p-min); 0 disables the check.
+  `p_min` (llama.cpp's --draft-p-min), or the sequence's own value (a request's
+  `speculative.p_min`, `set_p_min`); 0 disables the check.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ class DraftModelDrafter:
     def __init__(self, model: Model, ctx: Context, n_max: int = 16, p_min: float = 0.0):
         self.model, self.ctx, self.n_max, self.p_min = model, ctx, n_max, p_min
         self._n_kv: dict[int, int] = {}
+        self._p_min: dict[int, float] = {}  # per-sequence overrides of p_min
 
     @classmethod
     def load(cls, path: str, target: Model, n_ctx: int, n_seq: int, threads: int,
@@ -33,6 +35,13 @@ class DraftModelDrafter:
         ctx = Context(model, ContextParams(n_ctx=n_ctx, n_batch=512, n_seq_max=n_seq,
                                            n_threads=threads, batch_invariant=False))
         return cls(model, ctx, n_max=n_max, p_min=p_min)
+
+    def set_p_min(self, seq_id: int, p_min: float | None) -> None:
+        """Sequence `seq_id`'s p_min from now on (None: the drafter's own)."""
+        if p_min is None:
+            self._p_min.pop(seq_id, None)
+        else:
+            self._p_min[seq_id] = p_min
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self.ctx.clear(seq_id)
@@ -46,13 +55,13 @@ class DraftModelDrafter:
             row = self.ctx.decode([(seq_id, chunk, pos0 + i, False)])[0][-1]
         return row
 
-    def _pick(self, row: int) -> tuple[int, bool]:
+    def _pick(self, row: int, p_min: float) -> tuple[int, bool]:
         logits = self.ctx.logits_at(row)
         tok = int(np.argmax(logits))
-        if self.p_min <= 0:
+        if p_min <= 0:
             return tok, True
         z = np.exp(logits - logits[tok])
-        return tok, 1.0 / z.sum() >= self.p_min
+        return tok, 1.0 / z.sum() >= p_min
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
         n = min(max_len, self.n_max)
@@ -66,8 +75,9 @@ class DraftModelDrafter:
         row = self._feed(seq_id, todo, n_kv)
         base = len(history) + 1
         out: list[int] = []
+        p_min = self._p_min.get(seq_id, self.p_min)
         for i in range(n):
-            tok, confident = self._pick(row)
+            tok, confident = self._pick(row, p_min)
             if not confident or self.model.is_eog(tok):
                 break
             out.append(tok)

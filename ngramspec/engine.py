@@ -18,7 +18,12 @@ Invariants (per sequence, after every step):
   in order and stops at the first row whose token differs from the draft: it
   emits accepted + 1 tokens; KV entries past them are removed.
 - Spec-off is the same loop with empty drafts, so the two modes differ only in
-  how many tokens one llama_decode evaluates.
+  how many tokens one llama_decode evaluates. The sampler (its chain and RNG)
+  samples exactly the rows of the emitted tokens, in order, in both modes, so a
+  seeded sampled run gives spec-off's tokens too.
+- Synthetic acceptance (`Engine.synth`, benchmarking only, synth.py) replaces the
+  comparison with the draft by a seeded random draw per position; the rows are
+  still sampled in order. Its output is not the model's unless every rate is 0.
 - A StepOutput's `probs` (when the sampling asks for n_probs) come from the rows
   its tokens were sampled from, one per emitted token.
 - A draft never makes a step overshoot n_predict or the context.
@@ -29,9 +34,12 @@ Invariants (per sequence, after every step):
   shift happens at the same token with speculation on and off. Only the tokens
   before n_keep keep the values a fresh prefill gives (`n_unshifted`).
 - Prompt tokens are evaluated by `Context.prefill` (tiled attention, 64+ rows)
-  when the prompt has 64 tokens or more, else by one ordinary decode; either way
-  the prompt's KV is a function of the prompt alone (docs/exactness.md), so a
-  cached prefix is reused only where it was evaluated that same way.
+  when the prompt has 64 tokens or more, else by one ordinary decode (the small-row
+  path that generation steps take too); either way the prompt's KV is a function
+  of the prompt alone (docs/exactness.md), so a cached prefix is reused only where
+  it was evaluated that same way: a long prompt reuses the tiled cells of the last
+  prompt, a short one every cell of a slot whose last prompt was short (its prompt
+  and generated tokens alike).
 """
 from __future__ import annotations
 
@@ -44,6 +52,7 @@ import numpy as np
 from . import planner
 from .config import SpecConfig
 from .cost import Shape
+from .draft_model import DraftModelDrafter
 from .drafters import DrafterChain, as_tokens
 from .drafters.chain import drafter_keys, make_drafter_for
 from .drafters.prediction import PredictionDrafter
@@ -54,6 +63,7 @@ from .pool import HashPool
 from .sampling import Sampler, SamplingParams
 from .speculation import Speculation
 from .stats import DrafterStats
+from .synth import SynthAcceptance
 
 MAX_CONFIGS = 64
 
@@ -81,6 +91,7 @@ class SeqState:
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of the rest)
     n_shifted: int = 0  # tokens dropped by context shifts so far
     n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
+    synth: SynthAcceptance | None = None  # synthetic acceptance (benchmarking), else None
 
     @property
     def done(self) -> bool:
@@ -119,7 +130,8 @@ class SlotCache:
     """What a sequence id's KV holds after its last request (llama-server's cache_prompt)."""
 
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
-    reusable: int = 0  # leading tokens evaluated by the tiled prefill (reusable as prompt)
+    reusable: int = 0  # leading tokens reusable as prompt, all evaluated on one path:
+    tiled: bool = True  # the tiled prefill (True) or the small-row path (False)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
@@ -147,6 +159,7 @@ class Engine:
         self._chains: dict[SpecConfig, DrafterChain] = {}
         self.cache: dict[int, SlotCache] = {}
         self._scratch: dict[int, int] = {}  # calibration: scratch cells per sequence id
+        self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
 
     def chain_for(self, cfg: SpecConfig) -> DrafterChain:
         """The (cached) chain for `cfg`, built from shared drafter instances.
@@ -174,10 +187,10 @@ class Engine:
     # ------------------------------------------------------------ admission
     def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
         """Prompt tokens sequence `seq_id`'s KV already holds, evaluated as a prefill of
-        this prompt would evaluate them; at least one token is always left to evaluate
-        (its logits give the first token)."""
+        this prompt would evaluate them (the same path: tiled or small-row); at least
+        one token is always left to evaluate (its logits give the first token)."""
         c = self.cache.get(seq_id)
-        if c is None or not self._tiled(len(prompt)):
+        if c is None or c.tiled != self._tiled(len(prompt)):
             return 0
         return min(common_prefix(c.tokens[:c.reusable], prompt), len(prompt) - 1)
 
@@ -220,10 +233,14 @@ class Engine:
         self.ctx.truncate(seq_id, st.n_cached)
         self.cache.pop(seq_id, None)
         st.n_hist = st.n_cached
+        if isinstance(self.draft_drafter, DraftModelDrafter):
+            self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
         own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
         if speculative and (cfg.enabled or self.draft_drafter is not None or own):
             st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy, own)
             st.spec.begin(prompt)
+            if self.synth:
+                st.synth = SynthAcceptance(self.synth, sampling.seed)
         return st
 
     def prefill(self, st: SeqState, max_tokens: int = 512) -> StepOutput | None:
@@ -273,10 +290,16 @@ class Engine:
 
     def finish(self, st: SeqState) -> None:
         """Release a sequence: drafter state and sampler; its KV stays as the slot's
-        prompt cache (the prompt part that a later prefill would evaluate alike)."""
-        reusable = st.n_prompt if self._tiled(st.n_prompt) and not st.prefilling else 0
+        prompt cache (the part that a later prefill would evaluate alike): a long
+        prompt's tiled cells, or, after a short prompt, every cell (its prompt and its
+        generation steps both took the small-row path)."""
+        tiled = self._tiled(st.n_prompt)
+        if tiled:
+            reusable = st.n_prompt if not st.prefilling else 0
+        else:
+            reusable = st.n_hist
         reusable = min(reusable, st.n_unshifted)
-        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable)
+        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable, tiled)
         if st.spec is not None:
             st.spec.end()
         st.sampler.close()
@@ -309,6 +332,7 @@ class Engine:
         opts, base = [], []
         for st in active:
             room = self._room(st) if st.spec is not None else 0
+            room = min(room, st.synth.n_max) if st.synth is not None else room
             opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
                         else planner.DraftOptions())
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
@@ -337,13 +361,26 @@ class Engine:
             st.spec.end()
             st.spec.begin(st.tokens[:st.n_hist])
 
-    def _verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
-        sampled: list[int] = []
+    def _accepted(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> list[int]:
+        """Sample the rows in order (one sampler call each: chain, RNG) and return the
+        emitted tokens: the accepted draft tokens, then the target's token at the first
+        position not accepted (equal to the draft, or the synthetic draw)."""
+        out: list[int] = []
         for i, idx in enumerate(rows):
             tok = st.sampler.sample(idx)
-            sampled.append(tok)
-            if i >= len(draft) or tok != draft[i]:
-                break
+            if i < len(draft):
+                d = int(draft[i])
+                ok = (tok == d if st.synth is None
+                      else st.synth.accept(i) and not self.model.is_eog(d))
+                if ok:
+                    out.append(d)
+                    continue
+            out.append(tok)
+            break
+        return out
+
+    def _verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
+        sampled = self._accepted(st, draft, rows)
         n_acc = len(sampled) - 1
         keep = st.n_hist + 1 + n_acc
         if len(draft) > n_acc:

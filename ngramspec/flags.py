@@ -27,7 +27,6 @@ Invariants:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -129,15 +128,13 @@ def json_object(value: Any) -> dict:
 
 def synth_rates(value: Any) -> tuple[float, ...]:
     """llama.cpp's --spec-synth-rates check: finite, in [0, 1], non-increasing."""
+    from .synth import check_rates
+
     try:
         rates = tuple(float(x) for x in csv(value))
     except ValueError:
         raise ConfigError(f"--spec-synth-rates takes numbers like 0.8,0.6, got {value!r}") from None
-    if any(not math.isfinite(r) or not 0.0 <= r <= 1.0 for r in rates):
-        raise ConfigError("--spec-synth-rates values must be finite and within [0, 1]")
-    if any(b > a for a, b in zip(rates, rates[1:])):
-        raise ConfigError("--spec-synth-rates must be non-increasing")
-    return rates
+    return check_rates(rates)
 
 
 def directory(value: Any) -> str:
@@ -328,9 +325,11 @@ _FLAGS: list[Flag] = [
          note="there are no built-in tools here: only the CORS proxy (--ui-mcp-proxy) is "
               "turned on; --cors-origins defaults to localhost"),
     Flag(("--spec-synth-len",), "spec_synth_len", _V, float, None,
-         note="synthetic acceptance is not supported: the model verifies every draft"),
+         help="benchmarking: accept drafts at random for this mean tokens per step "
+              "(output is not the model's)"),
     Flag(("--spec-synth-rates",), "spec_synth_rates", _V, parse=synth_rates, metavar="P0,P1,...",
-         note="synthetic acceptance is not supported: the model verifies every draft"),
+         help="benchmarking: per-position draft acceptance probabilities, one per draft "
+              "token (output is not the model's)"),
 ]
 
 # speculation: the flags of config.SPEC_OPTIONS, plus the chain, pool and policy

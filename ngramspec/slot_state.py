@@ -8,9 +8,9 @@ llama-server's packed token list [LLAMA_TOKEN_NULL, 1, n, token_0..token_n-1, 0]
 plain token list (older llama-server); both are read.
 
 ngramspec appends one trailer after the KV state (llama.cpp stops reading at the
-state's end, so llama-server ignores it): `TRAILER_MAGIC`, a version, and how many
-leading tokens were evaluated by the tiled prefill (the slot's `reusable` count,
-docs/exactness.md), with a digest of the tokens and the model. A restored slot
+state's end, so llama-server ignores it): `TRAILER_MAGIC`, a version (1: the
+tiled prefill, 2: the small-row path), and how many leading tokens were evaluated
+on that path (the slot's `reusable` count, docs/exactness.md), with a digest of the tokens and the model. A restored slot
 reuses that many tokens as prompt cache, and none when the trailer is missing or
 does not match (a file from llama-server, another model, edited tokens): cells
 computed another way would not give the values a fresh prefill gives.
@@ -93,17 +93,19 @@ def _digest(engine: Engine, tokens: np.ndarray) -> bytes:
     return hashlib.blake2b(key + tokens.astype("<i4").tobytes(), digest_size=16).digest()
 
 
-def _read_reusable(engine: Engine, path: Path, tokens: np.ndarray, end: int) -> tuple[int, int]:
-    """(reusable tokens, trailer bytes) from the trailer right after llama.cpp's state."""
+def _read_reusable(engine: Engine, path: Path, tokens: np.ndarray,
+                   end: int) -> tuple[int, bool, int]:
+    """(reusable tokens, evaluated by the tiled prefill, trailer bytes) from the trailer
+    right after llama.cpp's state."""
     with path.open("rb") as f:
         f.seek(end)
         raw = f.read(_TRAILER.size + 1)
     if len(raw) != _TRAILER.size:
-        return 0, 0
+        return 0, True, 0
     magic, version, reusable, digest = _TRAILER.unpack(raw)
-    if magic != TRAILER_MAGIC or version != 1 or digest != _digest(engine, tokens):
-        return 0, len(raw) if magic == TRAILER_MAGIC else 0
-    return min(int(reusable), len(tokens)), len(raw)
+    if magic != TRAILER_MAGIC or version not in (1, 2) or digest != _digest(engine, tokens):
+        return 0, True, len(raw) if magic == TRAILER_MAGIC else 0
+    return min(int(reusable), len(tokens)), version == 1, len(raw)
 
 
 def save(engine: Engine, seq_id: int, path: str | os.PathLike) -> SlotIO:
@@ -114,7 +116,8 @@ def save(engine: Engine, seq_id: int, path: str | os.PathLike) -> SlotIO:
     if n == 0:
         raise SlotSaveError("Unable to save slot")
     with open(path, "ab") as f:
-        f.write(_TRAILER.pack(TRAILER_MAGIC, 1, c.reusable, _digest(engine, c.tokens)))
+        version = 1 if c.tiled else 2
+        f.write(_TRAILER.pack(TRAILER_MAGIC, version, c.reusable, _digest(engine, c.tokens)))
     return SlotIO(len(c.tokens), n + _TRAILER.size, (time.perf_counter() - t0) * 1e3)
 
 
@@ -129,11 +132,11 @@ def restore(engine: Engine, seq_id: int, path: str | os.PathLike) -> SlotIO:
         words, nread = engine.ctx.load_seq(seq_id, p)
         tokens = unpack(words)
         _check(engine, seq_id, tokens)
-        reusable, extra = _read_reusable(engine, p, tokens, nread)
+        reusable, tiled, extra = _read_reusable(engine, p, tokens, nread)
     except (ValueError, SlotFileError) as e:
         engine.forget(seq_id)
         raise SlotFileError(f"Unable to restore slot: {e}") from None
-    engine.cache[seq_id] = SlotCache(tokens, reusable)
+    engine.cache[seq_id] = SlotCache(tokens, reusable, tiled)
     return SlotIO(len(tokens), nread + extra, (time.perf_counter() - t0) * 1e3)
 
 

@@ -121,3 +121,25 @@ def test_server_prompt_longer_than_slot_is_refused(shift):
         r = c.post("/completion", json={"prompt": LONG * 2, "n_predict": 4})
         assert r.status_code == 400
         assert "exceeds the available context size" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("shift", [False, True])
+def test_server_prompt_filling_the_slot_generates_to_its_end(shift):
+    """llama.cpp's test_slot_ctx_not_exceeded / test_with_ctx_shift: a prompt that fits
+    (with llama.cpp's per-request `speculative.p_min`) leaves room until the slot is
+    full; with the shift on, generation goes on past it."""
+    body = {"prompt": "Hello " * 248, "temperature": 0.0, "top_k": 1,
+            "speculative.p_min": 0.0, "return_tokens": True}
+    with client(shift) as c:
+        if shift:
+            body["n_predict"] = 256
+        r = c.post("/completion", json=body)
+        assert r.status_code == 200, r.text
+        b = r.json()
+        n_prompt = b["timings"]["prompt_n"] + b["timings"]["cache_n"]
+        assert 240 < n_prompt < 256 and b["truncated"] is True
+        assert b["tokens_predicted"] == (256 if shift else 256 - n_prompt)
+        off = c.post("/completion", json=body, headers={"X-Ngramspec-Speculative": "off"}).json()
+        assert off["tokens"] == b["tokens"]
+        bad = c.post("/completion", json={**body, "speculative.p_min": 1.5})
+        assert bad.status_code == 400

@@ -263,7 +263,7 @@ HARNESS = ["--temp", "0.8", "--seed", "42", "--host", "127.0.0.1", "--offline",
            "--n-predict", "64", "--slot-save-path", tempfile.gettempdir(), "--grp-attn-n", "2",
            "--grp-attn-w", "512", "--verbose", "--lora", "l.gguf", "--context-shift",
            "--spec-type", "ngram-mod", "--api-key", "sk-test", "--spec-draft-n-max", "8",
-           "--spec-draft-n-min", "4", "--spec-synth-rates", "0.75,0.5", "--no-ui",
+           "--spec-draft-n-min", "4", "--spec-synth-rates", "1,1,1,1,1,1,1,1", "--no-ui",
            "--no-models-autoload", "--jinja", "--no-jinja", "--reasoning-format", "none",
            "--reasoning", "off", "--chat-template", "chatml", "--mmproj-url", "https://x.invalid",
            "--no-mmproj", "--media-path", "media", "--sleep-idle-seconds", "60", "--cache-ram", "0",
@@ -315,7 +315,7 @@ def test_harness_command_line_starts_and_shuts_down_fast():
     assert took < 1.0, f"shutdown took {took:.2f} s:\n{log}"
     assert "CancelledError" not in log and "Traceback" not in log, log
     warned = [ln for ln in log.splitlines() if "ngramspec serve: warning:" in ln]
-    for flag in ("--lora", "--hf-repo", "--grp-attn-n", "--spec-synth-rates", "--rerank"):
+    for flag in ("--lora", "--hf-repo", "--grp-attn-n", "--rerank"):
         assert sum(f" {flag}:" in ln for ln in warned) == 1, (flag, warned)
     assert "-fa off would break exactness" in log
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec import SpecConfig
+from ngramspec import NgramMapParams, SpecConfig
 from ngramspec.corpus import documents, edit_prompt
 from ngramspec.engine import Engine
 from ngramspec.model import Context, ContextParams
@@ -93,11 +93,44 @@ def test_prompt_cache_hit_equals_miss(model, threads, solo, prompts, logit_log):
     assert st.n_cached == len(p2) - 1 and again == miss
 
 
-def test_short_prompts_are_never_reused(solo, model):
-    p = model.tokenize("The capital of France is")
-    run(solo, 0, p)
-    _, st = run(solo, 0, p)
-    assert st.n_cached == 0  # under 64 tokens: evaluated by the plain decode path, always
+@pytest.fixture(scope="module")
+def short_spec(model, threads):
+    """Speculation that drafts on short, repetitive text (2-token keys)."""
+    cfg = SpecConfig(types=("ngram-simple",), ngram_simple=NgramMapParams(size_n=2, size_m=8))
+    return Engine(model, Context(model, ContextParams(n_ctx=512, n_threads=threads)), cfg)
+
+
+def test_short_prompt_cache_hit_equals_miss(model, short_spec, logit_log):
+    """Prompts under 64 tokens and generation steps both take the small-row path, so a
+    short prompt reuses every cell of a slot whose last prompt was short: its prompt and
+    its generated tokens (verified in drafted batches), as a chat's next turn does."""
+    eng = short_spec
+    p1 = model.tokenize("List: apple, pear, apple, plum, apple,")
+    miss1, st = run(eng, 0, p1, n=24, cache_prompt=False, speculative=False)
+    ref1 = logit_log.pop(id(st.sampler))
+    hit1, st = run(eng, 0, p1, n=24, speculative=False)
+    assert st.n_cached == len(p1) - 1 and hit1 == miss1
+    assert logit_log.pop(id(st.sampler)) == ref1
+    p2 = np.concatenate([p1, miss1[:12], model.tokenize(" And now", add_special=False)])
+    assert len(p2) < 64
+    miss2, st = run(eng, 0, p2, n=24, cache_prompt=False, speculative=False)
+    ref2 = logit_log.pop(id(st.sampler))
+    spec1, st = run(eng, 0, p1, n=24)  # the slot's generated cells come from drafted batches
+    assert spec1 == miss1 and st.draft_n > 0 and st.draft_n > st.draft_n_accepted
+    hit2, st = run(eng, 0, p2, n=24, speculative=False)
+    assert st.n_cached >= len(p1) + 12 and hit2 == miss2
+    assert logit_log.pop(id(st.sampler)) == ref2
+
+
+def test_short_and_tiled_cells_are_not_mixed(model, solo, prompts):
+    """A short prompt never reuses tiled cells, nor a long one small-row cells."""
+    long, _ = prompts
+    head = long[:40]
+    run(solo, 0, long[:200], n=4)
+    _, st = run(solo, 0, head, n=4)
+    assert st.n_cached == 0  # the cells were evaluated by the tiled prefill
+    _, st = run(solo, 0, long[:200], n=4)
+    assert st.n_cached == 0  # the cells were evaluated on the small-row path
 
 
 def test_chunking_does_not_change_the_first_token_logits(solo, prompts, logit_log):

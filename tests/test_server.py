@@ -243,7 +243,8 @@ def test_per_request_speculative_body(http):
     base = off.json()["content"]
     for spec in ({"type": "ngram-simple", "n_max": 4, "ngram_size_n": 3},
                  {"type": "ngram-map-k4v", "ngram_size_n": 5000, "ngram_size_m": -3},  # clamped
-                 {"n_max": 8, "n_min": 100}):  # n_min clamped to n_max
+                 {"n_max": 8, "n_min": 100},  # n_min clamped to n_max
+                 {"type": "ngram-map-k", "ngram_min_hits": 0, "p_min": 0.5}):  # hits clamped
         r = complete(http, FOX, speculative=spec)
         assert r.json()["content"] == base, spec
     b = complete(http, FOX, **{"speculative.type": "ngram-simple", "speculative.n_max": 4}).json()

@@ -39,8 +39,9 @@ def serve(ctx: click.Context, **kw: Any) -> None:
     exceed_context_size_error; output stops with finish_reason "length" when the
     slot is full. -n sets the default n_predict of requests (-1: until the slot
     is full). The speculation flags are every request's defaults; a request may
-    override them (`speculative: {type, n_max, n_min, ngram_size_n,
-    ngram_size_m}`) or turn speculation off (header X-Ngramspec-Speculative: off).
+    override them (`speculative: {type, n_max, n_min, p_min, ngram_size_n,
+    ngram_size_m, ngram_min_hits}`) or turn speculation off (header
+    X-Ngramspec-Speculative: off).
     """
     from .chat import check_template
     from .settings import from_flags

@@ -60,7 +60,9 @@ def spec_override(base: SpecConfig, sp: SpeculativeParams) -> SpecConfig:
 
     n_max -> draft_max (>= 0); n_min -> draft_min (0..n_max); ngram_size_n ->
     every type's key length (ngram-mod n_match); ngram_size_m -> every type's
-    drafted length (ngram-mod n_max); sizes clamped to [1, 1024].
+    drafted length (ngram-mod n_max); sizes clamped to [1, 1024]; ngram_min_hits ->
+    ngram-map-k/-k4v min_hits (clamped to [1, 65535]); p_min -> the draft model's
+    least top probability (draft_p_min).
     """
     cfg = base
     if sp.type is not None:
@@ -77,6 +79,12 @@ def spec_override(base: SpecConfig, sp: SpeculativeParams) -> SpecConfig:
                       ngram_map_k=replace(cfg.ngram_map_k, size_m=m),
                       ngram_map_k4v=replace(cfg.ngram_map_k4v, size_m=m),
                       ngram_mod=replace(cfg.ngram_mod, n_max=m, n_min=min(cfg.ngram_mod.n_min, m)))
+    if sp.ngram_min_hits is not None:
+        h = _clamp(sp.ngram_min_hits, 1, 65535)
+        cfg = replace(cfg, ngram_map_k=replace(cfg.ngram_map_k, min_hits=h),
+                      ngram_map_k4v=replace(cfg.ngram_map_k4v, min_hits=h))
+    if sp.p_min is not None:
+        cfg = replace(cfg, draft_p_min=float(sp.p_min))
     draft_max = cfg.draft_max if sp.n_max is None else _clamp(sp.n_max, 0)
     draft_min = cfg.draft_min if sp.n_min is None else _clamp(sp.n_min, 0)
     if draft_max is not None:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from fastapi import Request
 
+from .. import synth
 from .errors import APIError, loading_error
 from .scheduler import Scheduler
 from .settings import ServerSettings, load_options
@@ -55,6 +56,7 @@ class ServerState:
                                      options=load_options(s))
             else:
                 engine = engine_factory()
+            synth.configure(engine, s.spec_synth_len, s.spec_synth_rates, log.warning)
             self.n_ctx_slot = engine.ctx.n_ctx // s.n_parallel
             sched = Scheduler(engine, s.n_parallel, s.queue_size, self.n_ctx_slot)
             sched.start()

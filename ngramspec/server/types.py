@@ -10,7 +10,7 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
 #: more candidates per token than this is refused (llama-server clamps to the vocabulary;
 #: thousands of entries per generated token only make the response huge)
 MAX_N_PROBS = 1024
-SPEC_FIELDS = ("type", "n_max", "n_min", "ngram_size_n", "ngram_size_m")
+SPEC_FIELDS = ("type", "n_max", "n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits")
 
 
 class SpeculativeParams(BaseModel):
@@ -20,8 +20,10 @@ class SpeculativeParams(BaseModel):
     type: StrictStr | None = None  # a spec type, a comma list, or "none"
     n_max: StrictInt | None = None  # cap on draft length (clamped to >= 0)
     n_min: StrictInt | None = None  # shorter drafts are dropped (clamped to [0, n_max])
+    p_min: float | None = Field(None, ge=0.0, le=1.0)  # -md model: least top probability to draft
     ngram_size_n: StrictInt | None = None  # key length (clamped to [1, 1024])
     ngram_size_m: StrictInt | None = None  # drafted length (clamped to [1, 1024])
+    ngram_min_hits: StrictInt | None = None  # map-k/-k4v: key hits before drafting ([1, 65535])
 
 
 class Prediction(BaseModel):
