@@ -274,7 +274,9 @@ _FLAGS: list[Flag] = [
     Flag(("--jinja",), "jinja", _V, bool, True, neg=("--no-jinja",),
          help="render chat templates with Jinja (off: llama.cpp's built-in templates)"),
     Flag(("--cache-prompt",), "cache_prompt", _V, bool, True, neg=("--no-cache-prompt",),
-         help="requests reuse a slot's cached prompt prefix unless they say cache_prompt: false"),
+         commands=frozenset({"serve", "batch"}),
+         help="requests (records) reuse a slot's cached prompt prefix unless they say "
+              "cache_prompt: false"),
     Flag(("--cache-reuse",), "cache_reuse", _V, int, 0, warn=lambda v: v > 0,
          note="chunk reuse by KV shifting is not supported; the longest cached prefix is reused"),
     Flag(("--context-shift",), "context_shift", _V, bool, False, neg=("--no-context-shift",),

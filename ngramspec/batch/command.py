@@ -63,7 +63,7 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
-    defaults = Defaults(flags.sampling_from_values(kw), n_predict)
+    defaults = Defaults(flags.sampling_from_values(kw), n_predict, kw.pop("cache_prompt"))
     spec = flags.spec_from_values(kw, model_draft)
     load = dict(model=model, n_slots=parallel, spec=spec, n_ctx=ctx_size, threads=threads,
                 defaults=defaults, model_draft=model_draft, draft_p_min=draft_p_min,
