@@ -2,7 +2,6 @@
 --tools/--mcp-servers-*/--agent) and the /cors-proxy endpoint, in-process without a model."""
 from __future__ import annotations
 
-import asyncio
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -10,19 +9,12 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
+from asgi_client import call
 from ngramspec.server.app import create_app
 from ngramspec.server.settings import ServerSettings
 
 PREFLIGHT = {"Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "Authorization"}
-
-
-def call(app, method, path, **kw):
-    async def go():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            return await c.request(method, path, **kw)
-    return asyncio.run(go())
 
 
 def preflight(settings: ServerSettings, origin: str) -> httpx.Response:

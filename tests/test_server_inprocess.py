@@ -2,20 +2,9 @@
 work before the engine exists — CORS preflights, 503 while loading, the API key."""
 from __future__ import annotations
 
-import asyncio
-
-import httpx
-
+from asgi_client import call
 from ngramspec.server.app import create_app
 from ngramspec.server.settings import ServerSettings
-
-
-def call(app, method, path, **kw):
-    async def go():
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-            return await c.request(method, path, **kw)
-    return asyncio.run(go())
 
 
 def test_preflight_needs_neither_model_nor_key():
