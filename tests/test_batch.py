@@ -143,6 +143,23 @@ def read_output(path):
 
 
 @pytest.mark.model
+def test_api_loads_with_the_commands_default_speculation(monkeypatch):
+    """`batch(path, ...)` without `spec` loads the model with what `ngramspec batch` uses."""
+    from ngramspec import flags
+    from ngramspec.batch import api
+
+    seen = {}
+
+    def load(model, n_slots, spec, **kw):
+        seen["spec"] = spec
+        raise RuntimeError("stop before loading")
+
+    monkeypatch.setattr(api.EngineRunner, "load", staticmethod(load))
+    with pytest.raises(RuntimeError):
+        next(api.batch(None, [], parallel=2))
+    assert seen["spec"] == flags.spec_from_values(flags.defaults("batch"))
+
+
 def test_bad_records_get_error_lines_and_the_job_goes_on(tmp_path):
     from ngramspec.cli import main
 

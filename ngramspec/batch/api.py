@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from ..config import SpecConfig
+from ..config import AUTO, SpecConfig
 from ..sampling import SamplingParams
 from .records import parse_records
 from .results import BatchResult, in_order
@@ -29,15 +29,16 @@ def batch(engine_or_path: Any, records: Iterable[dict | str], parallel: int = 4,
     """Run `records` on an Engine (with at least `parallel` sequences), or on the model
     at a path (None: the embedded one, loaded with `parallel` slots sharing `n_ctx`).
     Yields one BatchResult per record, in completion order (`ordered`: input order).
-    `sampling`, `n_predict`: defaults of records that do not set them (greedy, 256)."""
+    `sampling`, `n_predict`: defaults of records that do not set them (greedy, 256).
+    `spec`: the loaded model's speculation (None: auto, as the command's default)."""
     from ..engine import Engine
 
     defaults = Defaults(sampling or SamplingParams(temperature=0.0), n_predict, cache_prompt)
     if isinstance(engine_or_path, Engine):
         runner = EngineRunner(engine_or_path, parallel, defaults)
     else:
-        runner = EngineRunner.load(engine_or_path, parallel, spec or SpecConfig(), n_ctx=n_ctx,
-                                   threads=threads, defaults=defaults)
+        runner = EngineRunner.load(engine_or_path, parallel, spec or SpecConfig().with_types(AUTO),
+                                   n_ctx=n_ctx, threads=threads, defaults=defaults)
     try:
         results = runner.run(parse_records(enumerate(records, 1)))
         yield from in_order(results) if ordered else results
