@@ -591,7 +591,7 @@ def _read(path: str, what: str) -> str:
 
 def sampling_from_values(kw: dict[str, Any]):
     """Pop the sampling flags into SamplingParams (grammar from --grammar/-file, -j/-jf)."""
-    from .sampling import SamplingParams, schema_grammar
+    from .sampling import SamplingParams, schema_grammar, seed_or_random
 
     grammar, gfile = kw.pop("grammar", None), kw.pop("grammar_file", None)
     schema, sfile = kw.pop("json_schema", None), kw.pop("json_schema_file", None)
@@ -612,7 +612,7 @@ def sampling_from_values(kw: dict[str, Any]):
     return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
                           min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
                           repeat_last_n=kw.pop("repeat_last_n"),
-                          seed=0xFFFFFFFF if seed < 0 else seed, grammar=grammar)
+                          seed=seed_or_random(seed), grammar=grammar)
 
 
 #: the flags of runtime.LoadOptions (llama.cpp's load and context settings)

@@ -28,6 +28,14 @@ from .errors import ConfigError
 from .model import Context, _llama
 
 
+RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler (and synthetic draw) seeds itself
+
+
+def seed_or_random(seed: int) -> int:
+    """A seed as given by a user: llama.cpp's -1 (any negative) means random (RANDOM_SEED)."""
+    return RANDOM_SEED if seed < 0 else seed
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     temperature: float = 0.0  # <= 0: greedy
@@ -36,7 +44,7 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
-    seed: int = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
+    seed: int = RANDOM_SEED
     grammar: str | None = None  # GBNF
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
     n_probs: int = 0  # > 0: report the top n_probs probabilities of every sampled token

@@ -25,8 +25,7 @@ import random
 from typing import Sequence
 
 from .errors import ConfigError
-
-DEFAULT_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: random
+from .sampling import RANDOM_SEED
 
 
 def resolve_rates(length: float | None, rates: Sequence[float] | None,
@@ -88,7 +87,7 @@ class SynthAcceptance:
 
     def __init__(self, probs: Sequence[float], seed: int):
         self.probs = tuple(probs)
-        self.rng = random.Random(seed if seed != DEFAULT_SEED else random.getrandbits(32))
+        self.rng = random.Random(seed if seed != RANDOM_SEED else random.getrandbits(32))
 
     @property
     def n_max(self) -> int:

@@ -23,7 +23,7 @@ from typing import Iterable, Iterator
 from ..config import SpecConfig
 from ..errors import ConfigError
 from ..model import ContextOverflow
-from ..sampling import SamplingParams, schema_grammar
+from ..sampling import SamplingParams, schema_grammar, seed_or_random
 from ..server.chat import chat_prompt
 from ..server.scheduler import Event, Job, Scheduler
 from .records import BadRecord, Record
@@ -160,7 +160,7 @@ class EngineRunner:
             grammar = b.grammar
         elif b.json_schema is not None:
             grammar = schema_grammar(b.json_schema or {"type": "object"})
-        seed = s.seed if b.seed is None else (0xFFFFFFFF if b.seed == -1 else b.seed)
+        seed = s.seed if b.seed is None else seed_or_random(b.seed)
         temperature = s.temperature if b.temperature is None else b.temperature
         return replace(s, temperature=temperature, seed=seed, grammar=grammar)
 
