@@ -21,7 +21,7 @@ from .slot_actions import context_shift
 from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
-from ..sampling import SamplingParams, json_grammar, schema_grammar
+from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
 from .chat import chat_prompt, continues_final
 from .errors import APIError
 from .scheduler import Job
@@ -31,7 +31,6 @@ from .types import ChatCompletionRequest, PromptObject, SpeculativeParams, _Gene
 SPEC_HEADER = "X-Ngramspec-Speculative"
 OFF_VALUES = {"off", "disabled", "false", "0", "none", "no"}
 ON_VALUES = {"on", "enabled", "true", "1", "yes", ""}
-RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler draws its own
 
 
 @dataclass
@@ -145,7 +144,7 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           min_p=float(pick(req.min_p, d.min_p)),
                           repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
                           repeat_last_n=repeat_last_n,
-                          seed=RANDOM_SEED if seed == -1 else seed,
+                          seed=seed_or_random(seed),
                           grammar=_grammar(req) or d.grammar,
                           **sampler_fields(state.engine.model, req),
                           **request_probs(req, state.engine.model.n_vocab))
@@ -167,6 +166,24 @@ def split_prompts(prompt: Any) -> list:
             raise APIError("multimodal_data: this model takes text only", "invalid_request_error")
     return [p.prompt_string if isinstance(p, PromptObject) else p for p in batch]
 
+def mixed_tokens(model, parts: list, add_special: bool = True,
+                 parse_special: bool = True) -> list[int]:
+    """llama.cpp's mixed list of text and token ids -> token ids: each text part
+    tokenized (BOS only for a first part, with `add_special`), ids kept as they are
+    (unchecked); ConfigError for any other element."""
+    out: list[int] = []
+    for i, p in enumerate(parts):
+        if isinstance(p, str):
+            out.extend(model.tokenize(p, add_special=add_special and i == 0,
+                                      parse_special=parse_special).tolist())
+        elif isinstance(p, int):
+            out.append(p)
+        else:
+            raise ConfigError("a prompt holding token ids may contain only token ids and "
+                              "strings")
+    return out
+
+
 def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
     """A string, token ids, or llama.cpp's mixed list -> (tokens, prompt text)."""
     model = state.engine.model
@@ -176,16 +193,7 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
         return model.tokenize(prompt, add_special=True, parse_special=True), prompt
     if not prompt:
         raise ConfigError("the prompt is empty")
-    out: list[int] = []
-    for i, p in enumerate(prompt):
-        if isinstance(p, str):
-            out.extend(model.tokenize(p, add_special=i == 0, parse_special=True).tolist())
-        elif isinstance(p, int):
-            out.append(p)
-        else:
-            raise ConfigError("a prompt holding token ids may contain only token ids and "
-                              "strings")
-    tokens = check_tokens(state, out)
+    tokens = check_tokens(state, mixed_tokens(model, prompt))
     if len(tokens) == 0:
         raise ConfigError("the prompt is empty")
     return tokens, model.detokenize(tokens)

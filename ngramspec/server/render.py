@@ -75,10 +75,6 @@ def pick_fields(paths: list[str], obj: dict) -> dict:
     return out
 
 
-def progress_json(total: int, cache: int, processed: int, time_ms: float) -> dict:
-    return {"total": total, "cache": cache, "processed": processed, "time_ms": time_ms}
-
-
 def progress_timings(p: dict) -> dict:
     """`timings` of a prompt-progress chunk: the prompt so far, nothing predicted yet."""
     return timings(p["processed"] - p["cache"], p["time_ms"], 0, 0.0, cache_n=p["cache"])
@@ -170,7 +166,8 @@ def spec_headers(speculative: bool, result: GenerationResponse | None = None) ->
 
 
 def prompt_text(model, tokens) -> str:
-    """The prompt as llama-server shows it: every token's piece, special ones included."""
+    """Tokens as llama-server shows them (a prompt, /detokenize): every token's piece,
+    special ones included."""
     return b"".join(model.piece(t, special=True) for t in tokens.tolist()).decode("utf-8",
                                                                                   "replace")
 

@@ -12,8 +12,8 @@ from . import metrics as metrics_mod
 from . import probs, render
 from .chat import chosen_template
 from .errors import APIError, error_body, to_api_error
-from .prepare import (Prepared, check_tokens, expand_choices, n_choices, parse_body, prepare,
-                      render_messages, split_prompts, tokenize_prompt)
+from .prepare import (Prepared, check_tokens, expand_choices, mixed_tokens, n_choices,
+                      parse_body, prepare, render_messages, split_prompts, tokenize_prompt)
 from .run import Run, RunStreamingResponse, sse, start_run
 from .scheduler import Event, Job
 from .state import ServerState, ready_state, require_key
@@ -103,15 +103,16 @@ async def completion(request: Request, state: ServerState = Depends(ready_state)
     if got is None:
         return Response(status_code=499)
     outs = []
-    for i, ((content, toks, ev), prep, job) in enumerate(zip(got, preps, run.jobs)):
-        out = native_final_json(state, prep, job, i, content,
-                                toks if body.return_tokens else [], ev, False)
-        listed = probs.final_outputs(state.engine.model, run.probs[i], ev.response)
+    for i, (c, prep, job) in enumerate(zip(got, preps, run.jobs)):
+        ev = c.final
+        out = native_final_json(state, prep, job, i, c.text,
+                                c.tokens if body.return_tokens else [], ev, False)
+        listed = probs.final_outputs(state.engine.model, c.probs, ev.response)
         if listed:
             out["completion_probabilities"] = probs.probs_json(state.engine.model, listed)
         outs.append(render.pick_fields(body.response_fields, out) if body.response_fields
                     else out)
-    headers = render.spec_headers(run.jobs[0].speculative, got[0][2].response)
+    headers = render.spec_headers(run.jobs[0].speculative, got[0].final.response)
     return JSONResponse(outs if len(outs) > 1 else outs[0], headers=headers)
 
 
@@ -184,13 +185,7 @@ def tokenize_json(state: ServerState, body: TokenizeRequest) -> list:
         return []
     m = state.engine.model
     parts = [body.content] if isinstance(body.content, str) else body.content
-    ids: list[int] = []
-    for i, p in enumerate(parts):
-        if isinstance(p, str):
-            ids.extend(m.tokenize(p, add_special=body.add_special and i == 0,
-                                  parse_special=body.parse_special).tolist())
-        else:
-            ids.append(p)
+    ids = mixed_tokens(m, parts, body.add_special, body.parse_special)
     check_tokens(state, ids)
     if not body.with_pieces:
         return ids
@@ -209,10 +204,7 @@ def tokenize_json(state: ServerState, body: TokenizeRequest) -> list:
 async def detokenize(request: Request, state: ServerState = Depends(ready_state)):
     """Token ids -> text, special tokens shown (as llama-server)."""
     body = await parse_body(request, DetokenizeRequest)
-    toks = check_tokens(state, body.tokens)
-    m = state.engine.model
-    return {"content": b"".join(m.piece(t, special=True) for t in toks.tolist())
-            .decode("utf-8", errors="replace")}
+    return {"content": render.prompt_text(state.engine.model, check_tokens(state, body.tokens))}
 
 
 @router.post("/apply-template")

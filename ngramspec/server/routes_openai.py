@@ -16,7 +16,7 @@ from .errors import APIError, error_body, to_api_error
 from .prepare import (Prepared, expand_choices, n_choices, parse_body, prepare, render_messages,
                       split_prompts, tokenize_prompt)
 from .routes_native import native_final_json
-from .run import Run, RunStreamingResponse, sse, start_run
+from .run import Collected, Run, RunStreamingResponse, sse, start_run
 from .state import ServerState, ready_state, require_key
 from .types import ChatCompletionRequest, CompletionRequest, _OpenAI
 
@@ -85,14 +85,14 @@ async def oai_run(state: ServerState, body: _OpenAI, request: Request,
     got = await run.collect()
     if got is None:
         return Response(status_code=499)
-    results = [ev.response for _c, _t, ev in got]
+    results = [c.final.response for c in got]
     out = {**base, "object": "chat.completion" if chat else "text_completion",
-           "choices": oai_choices(state, body, run, preps, got, chat),
+           "choices": oai_choices(state, body, preps, got, chat),
            "usage": render.usage(results, n), "timings": results[-1].timings()}
     if state.settings.verbose if body.verbose is None else body.verbose:
-        content, toks, ev = got[0]
-        out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], 0, content, toks,
-                                             ev, False)
+        c = got[0]
+        out["__verbose"] = native_final_json(state, preps[0], run.jobs[0], 0, c.text, c.tokens,
+                                             c.final, False)
     return JSONResponse(out, headers=render.spec_headers(run.jobs[0].speculative, results[0]))
 
 
@@ -104,17 +104,18 @@ def _echo_offset(body, chat: bool, prep: Prepared) -> int | None:
     return len(prep.prompt_text) if getattr(body, "echo", False) else 0
 
 
-def oai_choices(state: ServerState, body, run: Run, preps: list[Prepared], got,
+def oai_choices(state: ServerState, body, preps: list[Prepared], got: list[Collected],
                 chat: bool) -> list[dict]:
     """The non-streamed choices, with their `logprobs` when asked for."""
     echo = getattr(body, "echo", False)
     model = state.engine.model
     choices = []
-    for i, ((content, _t, ev), p) in enumerate(zip(got, preps)):
-        c = render.oai_choice(chat, i, (p.prompt_text if echo else "") + content,
-                              ev.response.finish_reason)
+    for i, (got_i, p) in enumerate(zip(got, preps)):
+        r = got_i.final.response
+        c = render.oai_choice(chat, i, (p.prompt_text if echo else "") + got_i.text,
+                              r.finish_reason)
         if p.sampling.n_probs > 0:
-            listed = probs.final_outputs(model, run.probs[i], ev.response)
+            listed = probs.final_outputs(model, got_i.probs, r)
             c["logprobs"] = probs.oai_logprobs(model, listed, _echo_offset(body, chat, p))
         choices.append(c)
     return choices

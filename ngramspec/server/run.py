@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from fastapi import Request
@@ -23,6 +24,17 @@ from ..generate import TokenOutput
 from .prepare import Prepared, make_job
 from .scheduler import Event, Job, Scheduler
 from .state import ServerState
+
+
+@dataclass
+class Collected:
+    """One job's whole output: its text, tokens, per-token probabilities (requests with
+    n_probs > 0) and final event."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    probs: list[TokenOutput] = field(default_factory=list)
+    final: Event | None = None
 
 
 class Disconnect:
@@ -57,7 +69,6 @@ class Run:
         self.scheduler = scheduler
         self.queue: asyncio.Queue = asyncio.Queue()
         self.jobs: list[Job] = []
-        self.probs: list[list[TokenOutput]] = []  # per job, filled by `collect`
         self.gone = Disconnect(request)
         self._held: collections.deque = collections.deque()
         self._loop = asyncio.get_running_loop()
@@ -123,16 +134,13 @@ class Run:
         self._held.extend(later)
         return firsts  # type: ignore[return-value]
 
-    async def collect(self) -> list[tuple[str, list[int], Event]] | None:
-        """Every job's whole output (text, tokens, final event), by job index; None if
-        the client left. The jobs are cancelled on return either way. Each job's
-        per-token probabilities (requests with n_probs > 0) land in `self.probs[i]`."""
+    async def collect(self) -> list[Collected] | None:
+        """Every job's whole output, by job index; None if the client left. The jobs are
+        cancelled on return either way."""
+        outs = [Collected() for _ in self.jobs]
         parts: list[list[str]] = [[] for _ in self.jobs]
-        tokens: list[list[int]] = [[] for _ in self.jobs]
-        self.probs = [[] for _ in self.jobs]
-        finals: list[Event | None] = [None] * len(self.jobs)
         try:
-            while any(f is None for f in finals):
+            while any(o.final is None for o in outs):
                 got = await self.next()
                 if got is None:
                     return None
@@ -140,14 +148,16 @@ class Run:
                 if ev.error is not None:
                     raise ev.error
                 parts[i].append(ev.text)
-                tokens[i].extend(ev.tokens)
+                outs[i].tokens.extend(ev.tokens)
                 if ev.response is not None:
-                    self.probs[i].extend(ev.response.probs)
+                    outs[i].probs.extend(ev.response.probs)
                 if ev.final:
-                    finals[i] = ev
+                    outs[i].final = ev
         finally:
             self.close()
-        return [("".join(p), t, f) for p, t, f in zip(parts, tokens, finals)]
+        for o, p in zip(outs, parts):
+            o.text = "".join(p)
+        return outs
 
     async def events(self) -> AsyncIterator[tuple[int, Event]]:
         """(index, event) until every job has its final event (errors included)."""
