@@ -8,18 +8,17 @@ shutdown with requests in flight), and the embeddings endpoints.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
+from server_stop import sigterm_seconds
 
 from ngramspec import flags
 from ngramspec.cli import main
@@ -303,12 +302,7 @@ def test_harness_command_line_starts_and_shuts_down_fast():
         for t in clients:
             t.start()
         assert all(e.wait(60) for e in events)  # both requests are generating
-        t0 = time.monotonic()
-        sp.proc.send_signal(signal.SIGTERM)
-        sp.proc.wait(10)
-        took = time.monotonic() - t0
-        for t in clients:
-            t.join(10)
+        took = sigterm_seconds(sp.proc, clients)
     finally:
         sp.stop()
     log = sp.log()

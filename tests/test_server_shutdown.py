@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from server_stop import sigterm_seconds
 
 pytestmark = pytest.mark.model
 
@@ -35,12 +36,7 @@ def test_shutdown_with_requests_in_flight_is_quick():
         for t in ts:
             t.start()
             time.sleep(0.3)
-        t0 = time.monotonic()
-        sp.proc.terminate()
-        sp.proc.wait(10)
-        took = time.monotonic() - t0
-        for t in ts:
-            t.join(10)
+        took = sigterm_seconds(sp.proc, ts)
     finally:
         sp.stop()
     assert took < 1.0, f"shutdown took {took:.2f} s"
