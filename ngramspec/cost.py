@@ -5,9 +5,15 @@ graph of its own, so its time is modelled from that split:
 
     t = per_ubatch * ubatches + per_token * tokens (padding included)
         + per_logit * logit rows + per_kv * sum over tokens of (stream cells / 1000)
+        + per_odd * ubatches with an odd logit count (3+)
+        + per_multi * ubatches with 2+ logit rows
 
-On a 2-core CPU with Gemma 3 270M: ~13 ms per ubatch (weights streamed once per
-graph), ~3 ms per token, ~3.4 ms more per logit row (the 262k-row output layer).
+On a 2-core CPU with Gemma 3 270M: ~9 ms per ubatch (weights streamed once per
+graph), ~1.8 ms per token, ~1.2 ms more per logit row (the 262k-row output layer),
+and ~8.5 ms once a ubatch has two logit rows or more: llama.cpp evaluates a single
+logit row with vec_dot and several with llamafile's sgemm, whose setup over the
+output layer costs that much (measured: 1 token 10.8 ms, 2 tokens with one logit
+row 13.1 ms, with two 23.0 ms; 16 tokens with one 37.7 ms, with sixteen 64.4 ms).
 A verify step that evaluates `sampled` + K draft tokens emits 1 + A tokens,
 A = accepted draft tokens. With p_i the probability that draft token i is
 accepted given tokens 1..i-1 were,
@@ -54,19 +60,21 @@ class DecodeCost:
     per_logit: float
     per_kv: float = 0.0  # per token per 1000 cells of its stream
     per_odd: float = 0.0  # per ubatch with an odd number (3+) of logit rows
+    per_multi: float = 0.0  # per ubatch with 2+ logit rows (the output layer's sgemm)
     per_seq_streams: bool = False  # the context's KV layout (decides the split)
     n_ubatch: int = 512
     pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
 
     def __post_init__(self) -> None:
         if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv,
-                                       self.per_odd) < 0:
+                                       self.per_odd, self.per_multi) < 0:
             raise ValueError(f"a decode cost needs a positive per-ubatch cost and no negative "
                              f"coefficient: {self}")
 
     def features(self, shapes: Sequence[Shape]) -> np.ndarray:
         """(ubatches, tokens with padding, logit rows, token-kilocells, odd-logit
-        ubatches) of one decode, laid out as `Context.decode` lays it out."""
+        ubatches, multi-logit ubatches) of one decode, laid out as `Context.decode`
+        lays it out."""
         shapes = [s for s in shapes if s.n_tokens > 0]
         lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
                             self.n_ubatch, self.per_seq_streams, pad=self.pad)
@@ -74,12 +82,13 @@ class DecodeCost:
         tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
         kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
         odd = sum(1 for n in lay.logits if n >= 3 and n % 2)
-        return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd], dtype=float)
+        multi = sum(1 for n in lay.logits if n >= 2)
+        return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd, multi], dtype=float)
 
     @property
     def coef(self) -> np.ndarray:
         return np.array([self.per_ubatch, self.per_token, self.per_logit, self.per_kv,
-                         self.per_odd])
+                         self.per_odd, self.per_multi])
 
     def seconds(self, shapes: Sequence[Shape]) -> float:
         return float(self.features(shapes) @ self.coef)
@@ -202,9 +211,9 @@ def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
     several streams and decodes llama.cpp splits into two ubatches. Every shape
     fits a sequence of n_ctx_seq cells and n_seq sequences, and one decode of n_batch
     tokens (`fits_batch`, with padding when `pad`)."""
-    sizes = [n for n in (1, 2, 8, 32, 63) if n < n_ctx_seq]
+    sizes = [n for n in (1, 2, 4, 8, 32, 63) if n < n_ctx_seq]
     shapes = [[Shape(0, n, n)] for n in sizes]
-    shapes += [[Shape(0, n, 1)] for n in (16, 63) if n < n_ctx_seq]
+    shapes += [[Shape(0, n, 1)] for n in (4, 16, 63) if n < n_ctx_seq]
     kv = min(1024, (n_ctx_seq - 64) // 64 * 64)
     if kv >= 256:
         shapes += [[Shape(0, n, n, kv)] for n in (2, 32)]

@@ -231,6 +231,7 @@ class Engine:
             st.n_keep = min(n_ctx - 4, keep)  # llama-server counts BOS on top of n_keep
         st.n_cached = self.reusable_prefix(seq_id, prompt) if cache_prompt else 0
         self.ctx.truncate(seq_id, st.n_cached)
+        self.ctx.begin_prompt(seq_id, st.n_cached)
         self.cache.pop(seq_id, None)
         st.n_hist = st.n_cached
         if isinstance(self.draft_drafter, DraftModelDrafter):
@@ -251,10 +252,12 @@ class Engine:
         if not self._tiled(st.n_prompt):
             step = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
             end = min(st.n_prompt, st.n_hist + step)
+            src = self.ctx
             rows = self.ctx.decode([(st.seq_id, st.tokens[st.n_hist:end], st.n_hist, False)])[0]
         else:
             end = self._chunk_end(st, max_tokens)
-            rows = self.ctx.prefill(st.seq_id, st.tokens[st.n_hist:end], st.n_hist)
+            src, rows = self.ctx.prefill(st.seq_id, st.tokens[st.n_hist:end], st.n_hist,
+                                         last=end == st.n_prompt)
         st.n_hist = end
         if end < st.n_prompt:
             return None
@@ -262,7 +265,7 @@ class Engine:
         if st.n_predict == 0:
             st.finish_reason = "length"
             return StepOutput([], finish_reason="length")
-        st.sampled = st.sampler.sample(rows[-1])
+        st.sampled = st.sampler.sample(rows[-1], src)
         kept = self._emit(st, [st.sampled])
         return StepOutput(kept, finish_reason=st.finish_reason,
                           probs=st.sampler.take_probs()[:len(kept)])
@@ -458,7 +461,7 @@ class Engine:
         p, c = self.model.path, self.ctx
         layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant}
         key = (f"{p.resolve()}:{p.stat().st_size}:threads={c.params.n_threads}:"
-               f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v2")
+               f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v3")
         self._scratch = {}
         try:
             warm = min(8, c.n_batch - c.invariant)  # warm-up: first decodes allocate buffers

@@ -202,6 +202,9 @@ _FLAGS: list[Flag] = [
          help="memory-map the model file (older spelling of --load-mode)"),
     Flag(("--mlock",), "mlock", _M, bool, False, switch=True, commands=ALL,
          help="keep the model in RAM (older spelling of --load-mode)"),
+    Flag(("--repack",), "repack", _M, bool, True, neg=("-nr", "--no-repack"), commands=ALL,
+         help="repacked weights for prompt processing (exact mode: prompts of 64+ tokens "
+              "only; off on CPUs that advertise AMX)"),
     Flag(("--no-batch-invariance",), "no_batch_invariance", _M, bool, False, switch=True,
          commands=frozenset({"generate", "serve", "bench"}),
          help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
@@ -375,7 +378,7 @@ _FLAGS += _accepted(
     "--threads-http=", "--log-colors=", "--log-prefix | --no-log-prefix",
     "--log-timestamps | --no-log-timestamps", "-lv --verbosity --log-verbosity=",
     "--sse-ping-interval=", "--check-tensors", "-e --escape | --no-escape",
-    "--repack | -nr --no-repack", "-kvo --kv-offload | -nkvo --no-kv-offload",
+    "-kvo --kv-offload | -nkvo --no-kv-offload",
     "--op-offload | --no-op-offload", "--no-host", "--mmproj-auto | --no-mmproj --no-mmproj-auto",
     "--cache-idle-slots | --no-cache-idle-slots", "--models-autoload | --no-models-autoload",
 )
@@ -617,18 +620,20 @@ def sampling_from_values(kw: dict[str, Any]):
 
 #: the flags of runtime.LoadOptions (llama.cpp's load and context settings)
 _LOAD = ("batch_size", "ubatch_size", "flash_attn", "kv_unified", "threads_batch",
-         "n_gpu_layers", "load_mode", "mmap", "mlock")
+         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack")
 
 
 def load_options(kw: dict[str, Any]):
-    """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock into runtime.LoadOptions."""
+    """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack into
+    runtime.LoadOptions."""
     from .runtime import LoadOptions
 
     v = {d: kw.pop(d) for d in _LOAD}
     return LoadOptions(n_batch=v["batch_size"], n_ubatch=v["ubatch_size"],
                        flash_attn=_on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
-                       load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]))
+                       load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
+                       repack=v["repack"])
 
 
 def defaults(command: str, targets: Iterable[str] | None = None) -> dict[str, Any]:

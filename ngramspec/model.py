@@ -234,7 +234,10 @@ class ContextParams:
 class Context:
     """A llama.cpp context: KV cache for up to n_seq_max sequences, batched decode."""
 
-    def __init__(self, model: Model, params: ContextParams = ContextParams()):
+    def __init__(self, model: Model, params: ContextParams = ContextParams(),
+                 prefill_model: Model | None = None):
+        """`prefill_model`: the same GGUF loaded with repacked weights; prompts of 64+
+        tokens are then evaluated in its twin context (ngramspec/twin.py)."""
         lc = _llama()
         self.model, self.params = model, params
         cp = lc.llama_context_default_params()
@@ -267,9 +270,18 @@ class Context:
         self.memory = lc.llama_get_memory(self.ptr)
         self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
+        self.twin = None
+        if prefill_model is not None:
+            from .twin import PrefillTwin
+
+            if self.tiled_prefill and PrefillTwin.usable(params):
+                self.twin = PrefillTwin(prefill_model, params)
 
     def close(self) -> None:
         lc = _llama()
+        if getattr(self, "twin", None) is not None:
+            self.twin.close()
+            self.twin = None
         if getattr(self, "batch", None) is not None:
             lc.llama_batch_free(self.batch)
             self.batch = None
@@ -299,15 +311,27 @@ class Context:
         lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries])
         return self._run(entries, lay.pads, lay.pad_logits)
 
-    def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int) -> list[int]:
+    def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int,
+                last: bool = True) -> tuple["Context", list[int]]:
         """Evaluate prompt tokens of one sequence in a llama_decode of their own, padded
         to TILED_PREFILL_MIN rows, so that flash attention takes its tiled path for
-        every one of them (rule T, docs/exactness.md). Returns the last token's row."""
+        every one of them (rule T, docs/exactness.md); with a twin, in the repacked
+        twin context, padded to a multiple of 4 rows as well (rule R), the sequence's
+        cells moving here after the `last` chunk. Returns the context that holds the
+        logits and the last token's row in it."""
         n = len(tokens)
         if not 0 < n <= min(self.n_ubatch, self.n_batch):
             raise ValueError(f"a prefill chunk holds 1..{min(self.n_ubatch, self.n_batch)} "
                              f"tokens, got {n}")
-        return self._run([(seq_id, tokens, pos0, False)], {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
+        if self.twin is not None:
+            return self.twin.ctx, self.twin.chunk(self, seq_id, tokens, pos0, last)
+        return self, self._run([(seq_id, tokens, pos0, False)],
+                               {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
+
+    def begin_prompt(self, seq_id: int, n_cached: int) -> None:
+        """A new prompt for `seq_id` whose first n_cached tokens this context holds."""
+        if self.twin is not None:
+            self.twin.begin(self, seq_id, n_cached)
 
     def _run(self, entries, pads: dict[int, int],
              pad_logits: dict[int, int] | None = None) -> list[list[int]]:
@@ -369,14 +393,18 @@ class Context:
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
 
     def truncate(self, seq_id: int, n: int) -> None:
-        """Drop KV entries of `seq_id` at positions >= n."""
+        """Drop KV entries of `seq_id` at positions >= n (the prefill twin's too)."""
         _llama().llama_memory_seq_rm(self.memory, seq_id, n, -1)
+        if self.twin is not None:
+            self.twin.truncate(seq_id, n)
 
     def shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:
         """Context shift: drop positions [n_keep, n_keep + n_discard) of `seq_id` and move
         positions [n_keep + n_discard, n_past) down by n_discard (llama.cpp re-rotates
         their keys at the next decode)."""
         lc = _llama()
+        if self.twin is not None:
+            self.twin.truncate(seq_id, n_keep)
         lc.llama_memory_seq_rm(self.memory, seq_id, n_keep, n_keep + n_discard)
         lc.llama_memory_seq_add(self.memory, seq_id, n_keep + n_discard, n_past, -n_discard)
 
@@ -406,6 +434,20 @@ class Context:
             raise ValueError("No available space in KV cache or invalid slot save file")
         return np.frombuffer(buf, dtype=np.int32, count=n.value).copy(), int(nread)
 
+    def seq_state(self, seq_id: int) -> ctypes.Array:
+        """`seq_id`'s KV cells as llama_state_seq_get_data writes them."""
+        lc = _llama()
+        buf = (ctypes.c_uint8 * max(1, lc.llama_state_seq_get_size(self.ptr, seq_id)))()
+        n = lc.llama_state_seq_get_data(self.ptr, buf, len(buf), seq_id)
+        return (ctypes.c_uint8 * n).from_buffer(buf)
+
+    def set_seq_state(self, seq_id: int, data: ctypes.Array) -> None:
+        """Load cells `seq_state` returned (of a context with the same parameters) into
+        `seq_id`, replacing what it held. Raises RuntimeError if llama.cpp refuses."""
+        if len(data) and _llama().llama_state_seq_set_data(self.ptr, data, len(data), seq_id) == 0:
+            raise RuntimeError(f"llama.cpp could not load {len(data)} bytes of KV state "
+                               f"into sequence {seq_id}")
+
     def positions(self, seq_id: int) -> tuple[int, int]:
         """(lowest, highest) position `seq_id` has in the KV cache; (-1, -1) if none."""
         lc = _llama()
@@ -413,7 +455,10 @@ class Context:
                 int(lc.llama_memory_seq_pos_max(self.memory, seq_id)))
 
     def clear(self, seq_id: int | None = None) -> None:
+        """Empty `seq_id` (None: every sequence), in the prefill twin as well."""
         if seq_id is None:
             _llama().llama_memory_clear(self.memory, True)
+            if self.twin is not None:
+                self.twin.truncate(None, 0)
         else:
             self.truncate(seq_id, 0)

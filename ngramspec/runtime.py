@@ -11,6 +11,7 @@ from .errors import ConfigError
 from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
 from .policy import CostPolicy
+from .twin import repack_is_safe
 
 
 def default_threads() -> int:
@@ -20,7 +21,7 @@ def default_threads() -> int:
 @dataclass(frozen=True)
 class LoadOptions:
     """llama.cpp settings a user may set on the command line (-b, -ub, -fa, -kvu, -tb,
-    -ngl, --load-mode); `context_params` decides what of them is applied."""
+    -ngl, --load-mode, --no-repack); `context_params` decides what of them is applied."""
 
     n_batch: int = 512
     n_ubatch: int | None = None
@@ -29,6 +30,7 @@ class LoadOptions:
     threads_batch: int | None = None
     n_gpu_layers: int = 0
     load_mode: int = -1
+    repack: bool = True  # exact mode: prompts on the repacked twin (ngramspec/twin.py)
 
 
 def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
@@ -87,9 +89,14 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     cparams, notes = context_params(n_ctx, n_seq, threads, opts, batch_invariant)
     for line in notes:
         notify(line)
-    model = Model(model_path, verbose=verbose, use_extra_bufts=not batch_invariant,
+    repack = opts.repack and repack_is_safe()
+    model = Model(model_path, verbose=verbose, use_extra_bufts=repack and not batch_invariant,
                   n_gpu_layers=opts.n_gpu_layers, load_mode=opts.load_mode)
-    ctx = Context(model, cparams)
+    twin = None
+    if repack and batch_invariant:
+        twin = Model(model.path, verbose=verbose, use_extra_bufts=True,
+                     n_gpu_layers=opts.n_gpu_layers, load_mode=opts.load_mode)
+    ctx = Context(model, cparams, prefill_model=twin)
     dd = None
     if draft_path is not None:
         from .draft_model import DraftModelDrafter

@@ -147,21 +147,23 @@ class Sampler:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
         return chain
 
-    def sample(self, index: int) -> int:
-        """Sample (and accept) the token for batch index `index` of the last decode;
-        with n_probs > 0 its TokenProbs (from this same row) is kept for `take_probs`."""
-        p = self.params
+    def sample(self, index: int, ctx: Context | None = None) -> int:
+        """Sample (and accept) the token for batch index `index` of the last decode of
+        `ctx` (default: the sampler's context; a prompt's last chunk may come from the
+        prefill twin); with n_probs > 0 its TokenProbs (from this same row) is kept for
+        `take_probs`."""
+        p, ctx = self.params, ctx or self.ctx
         if p.n_probs > 0 and p.post_sampling_probs and self.chain is not None:
-            tok, probs = self._sample_candidates(index)
+            tok, probs = self._sample_candidates(ctx.logits_at(index))
             self._probs.append(probs)
             return tok
         if self.chain is None:
-            tok = int(np.argmax(self.ctx.logits_at(index)))
+            tok = int(np.argmax(ctx.logits_at(index)))
         else:
-            tok = int(_llama().llama_sampler_sample(self.chain, self.ctx.ptr, index))
+            tok = int(_llama().llama_sampler_sample(self.chain, ctx.ptr, index))
         if p.n_probs > 0:
             self._probs.append(TokenProbs(tok, 1.0, ((tok, 1.0),), True) if p.post_sampling_probs
-                               else raw_probs(self.ctx.logits_at(index), tok, p.n_probs))
+                               else raw_probs(ctx.logits_at(index), tok, p.n_probs))
         return tok
 
     def take_probs(self) -> list[TokenProbs]:
@@ -169,13 +171,12 @@ class Sampler:
         out, self._probs = self._probs, []
         return out
 
-    def _sample_candidates(self, index: int) -> tuple[int, TokenProbs]:
+    def _sample_candidates(self, logits: np.ndarray) -> tuple[int, TokenProbs]:
         """What llama_sampler_sample does (apply the chain to the row, accept the selected
         token), keeping the candidates the chain left: their probabilities, best first.
         A greedy chain selects without probabilities: its token gets 1.0, as llama.cpp's
         temperature-0 chain gives."""
         lc = _llama()
-        logits = self.ctx.logits_at(index)
         n = len(logits)
         cand = np.zeros(n, dtype=TOKEN_DATA)
         cand["id"] = np.arange(n, dtype=np.int32)

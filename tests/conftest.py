@@ -16,12 +16,22 @@ def model():
 
 
 @pytest.fixture(scope="session")
+def twin_model(model):
+    """The embedded model with repacked weights: the prefill twin (ngramspec/twin.py),
+    as `load_engine` uses it where the CPU allows (None elsewhere)."""
+    from ngramspec.model import Model
+    from ngramspec.twin import repack_is_safe
+
+    return Model(model.path, use_extra_bufts=True) if repack_is_safe() else None
+
+
+@pytest.fixture(scope="session")
 def threads() -> int:
     return int(os.environ.get("NGRAMSPEC_TEST_THREADS", "2"))
 
 
 @pytest.fixture(scope="session")
-def make_engine(model, threads):
+def make_engine(model, twin_model, threads):
     """Factory: an Engine with its own context (n_seq sequences) for a SpecConfig."""
     from ngramspec.engine import Engine
     from ngramspec.model import Context, ContextParams
@@ -32,7 +42,7 @@ def make_engine(model, threads):
         key = (n_seq, n_ctx)
         if key not in ctxs:  # contexts are reused: creating one costs ~100 ms
             ctxs[key] = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_seq,
-                                                     n_threads=threads))
+                                                     n_threads=threads), prefill_model=twin_model)
         ctxs[key].clear()
         return Engine(model, ctxs[key], spec, draft_drafter=draft_drafter)
 
@@ -52,11 +62,12 @@ def logit_log(monkeypatch):
     alive: list = []
     orig = Sampler.sample
 
-    def sample(self, index):
+    def sample(self, index, ctx=None):
         if id(self) not in log:
             alive.append(self)
-        log.setdefault(id(self), []).append(xxhash.xxh64(self.ctx.logits_at(index)).hexdigest())
-        return orig(self, index)
+        row = (ctx or self.ctx).logits_at(index)
+        log.setdefault(id(self), []).append(xxhash.xxh64(row).hexdigest())
+        return orig(self, index, ctx)
 
     monkeypatch.setattr(Sampler, "sample", sample)
     return log

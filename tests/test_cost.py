@@ -1,4 +1,6 @@
 """The cost model on synthetic verify-cost curves (no model needed)."""
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -66,12 +68,29 @@ def test_decode_cost_counts_ubatches_padding_and_logits():
     assert odd.seconds([Shape(s, 1, 1) for s in range(3)]) == pytest.approx(0.010 + 0.015 + 0.013)
 
 
-def test_fit_recovers_the_coefficients():
+def test_a_second_logit_row_in_a_ubatch_costs_the_batched_output_kernel():
+    c = DecodeCost(0.009, 0.0018, 0.0012, per_multi=0.0085)
+    # one token (padded to two rows, one logit row): vec_dot, no sgemm set-up
+    assert c.seconds([Shape(0, 1, 1)]) == pytest.approx(0.009 + 2 * 0.0018 + 0.0012)
+    # two logit rows: the set-up once; sixteen: still once (one ubatch)
+    assert c.seconds([Shape(0, 2, 2)]) == pytest.approx(0.009 + 2 * 0.003 + 0.0085)
+    assert c.seconds([Shape(0, 16, 16)]) == pytest.approx(0.009 + 16 * 0.003 + 0.0085)
+    assert c.seconds([Shape(0, 16, 1)]) == pytest.approx(0.009 + 16 * 0.0018 + 0.0012)
+    # several streams, one token each: one ubatch with several logit rows
+    streams = replace(c, per_seq_streams=True)
+    assert streams.seconds([Shape(s, 1, 1) for s in range(4)]) == pytest.approx(
+        0.009 + 4 * 0.003 + 0.0085)
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_fit_recovers_the_coefficients(streams):
     from ngramspec.cost import calibration_shapes
 
-    true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_seq_streams=True)
-    samples = [(sh, true.seconds(sh)) for sh in calibration_shapes(True)]
-    got = DecodeCost.fit(samples, per_seq_streams=True)
+    true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_multi=0.0085, per_seq_streams=streams)
+    if streams:
+        true = replace(true, per_odd=0.004)
+    samples = [(sh, true.seconds(sh)) for sh in calibration_shapes(streams)]
+    got = DecodeCost.fit(samples, per_seq_streams=streams)
     assert np.allclose(got.coef, true.coef, rtol=1e-6)
 
 

@@ -31,9 +31,9 @@ def run(engine, seq_id, prompt, chunk=512, n=N, **kw):
 
 
 @pytest.fixture(scope="module")
-def solo(model, threads):
-    return Engine(model, Context(model, ContextParams(n_ctx=4096, n_threads=threads)),
-                  SpecConfig(types=()))
+def solo(model, twin_model, threads):
+    return Engine(model, Context(model, ContextParams(n_ctx=4096, n_threads=threads),
+                                 prefill_model=twin_model), SpecConfig(types=()))
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +44,15 @@ def prompts(model):
     return long, short
 
 
-def test_long_prefill_interleaved_with_a_generating_slot(model, threads, solo, prompts, logit_log):
+def test_long_prefill_interleaved_with_a_generating_slot(model, twin_model, threads, solo, prompts,
+                                                        logit_log):
     long, short = prompts
     want_short, st = run(solo, 0, short)
     ref_short = logit_log.pop(id(st.sampler))
     want_long, st = run(solo, 0, long)
     ref_long = logit_log.pop(id(st.sampler))
-    two = Engine(model, Context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads)),
-                 SpecConfig(types=("ngram-simple",)))
+    two = Engine(model, Context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads),
+                                prefill_model=twin_model), SpecConfig(types=("ngram-simple",)))
     a = two.start(0, short, GREEDY, N)
     first = None
     while first is None:
