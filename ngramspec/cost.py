@@ -5,7 +5,7 @@ graph of its own, so its time is modelled from that split:
 
     t = per_ubatch * ubatches + per_token * tokens (padding included)
         + per_logit * logit rows + per_kv * sum over tokens of (stream cells / 1000)
-        + per_odd * ubatches with an odd logit count (3+)
+        + per_odd * ubatches with a ragged logit count (`ubatch.ragged`)
         + per_multi * ubatches with 2+ logit rows
 
 On a 2-core CPU with Gemma 3 270M: ~9 ms per ubatch (weights streamed once per
@@ -59,11 +59,12 @@ class DecodeCost:
     per_token: float
     per_logit: float
     per_kv: float = 0.0  # per token per 1000 cells of its stream
-    per_odd: float = 0.0  # per ubatch with an odd number (3+) of logit rows
+    per_odd: float = 0.0  # per ubatch with a ragged logit count (a second sgemm pass)
     per_multi: float = 0.0  # per ubatch with 2+ logit rows (the output layer's sgemm)
     per_seq_streams: bool = False  # the context's KV layout (decides the split)
     n_ubatch: int = 512
     pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
+    logit_quantum: int = 2  # sgemm columns per pass (model.logit_quantum)
 
     def __post_init__(self) -> None:
         if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv,
@@ -72,16 +73,17 @@ class DecodeCost:
                              f"coefficient: {self}")
 
     def features(self, shapes: Sequence[Shape]) -> np.ndarray:
-        """(ubatches, tokens with padding, logit rows, token-kilocells, odd-logit
+        """(ubatches, tokens with padding, logit rows, token-kilocells, ragged-logit
         ubatches, multi-logit ubatches) of one decode, laid out as `Context.decode`
         lays it out."""
         shapes = [s for s in shapes if s.n_tokens > 0]
         lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
-                            self.n_ubatch, self.per_seq_streams, pad=self.pad)
+                            self.n_ubatch, self.per_seq_streams, pad=self.pad,
+                            quantum=self.logit_quantum)
         pads = lay.pads
         tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
         kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
-        odd = sum(1 for n in lay.logits if n >= 3 and n % 2)
+        odd = sum(1 for n in lay.logits if ubatch.ragged(n, self.logit_quantum))
         multi = sum(1 for n in lay.logits if n >= 2)
         return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd, multi], dtype=float)
 
@@ -101,8 +103,10 @@ class DecodeCost:
         """t(K+1) for K = 0..k_max (one sequence alone)."""
         return np.asarray([self.t(k + 1, n_kv) for k in range(k_max + 1)])
 
-    def for_context(self, per_seq_streams: bool, n_ubatch: int, pad: bool) -> "DecodeCost":
-        return replace(self, per_seq_streams=per_seq_streams, n_ubatch=n_ubatch, pad=pad)
+    def for_context(self, per_seq_streams: bool, n_ubatch: int, pad: bool,
+                    logit_quantum: int = 2) -> "DecodeCost":
+        return replace(self, per_seq_streams=per_seq_streams, n_ubatch=n_ubatch, pad=pad,
+                       logit_quantum=logit_quantum)
 
     @classmethod
     def linear(cls, base_s: float, per_token_s: float) -> "DecodeCost":

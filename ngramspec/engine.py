@@ -459,7 +459,8 @@ class Engine:
         from .cost import load_or_calibrate
 
         p, c = self.model.path, self.ctx
-        layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant}
+        layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant,
+                  "logit_quantum": c.logit_quantum}
         key = (f"{p.resolve()}:{p.stat().st_size}:threads={c.params.n_threads}:"
                f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v3")
         self._scratch = {}

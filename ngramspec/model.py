@@ -81,6 +81,13 @@ def _quiet_logs(verbose: bool) -> None:
     _BACKEND_READY = True
 
 
+def logit_quantum() -> int:
+    """Logit columns llamafile's sgemm takes per pass over the output layer: 4 in a
+    build with 32 vector registers (AVX-512, NEON), else 2 (`ubatch.ragged`)."""
+    info = _llama().llama_print_system_info().decode(errors="replace")
+    return 4 if "AVX512 = 1" in info or "NEON = 1" in info else 2
+
+
 def default_model_path() -> str:
     """The embedded Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
     try:
@@ -265,6 +272,7 @@ class Context:
         self.n_ubatch = lc.llama_n_ubatch(self.ptr)
         self.per_seq_streams = not cp.kv_unified
         self.invariant = params.batch_invariant
+        self.logit_quantum = logit_quantum()
         # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
         self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
         self.memory = lc.llama_get_memory(self.ptr)
@@ -376,7 +384,8 @@ class Context:
         total = sum(n for _, n, _ in entries)
         if total > self.n_batch:
             raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
-        lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant)
+        lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant,
+                            quantum=self.logit_quantum)
         n_pads = sum(lay.pads.values())
         if n_pads + total > self.n_batch:
             raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "

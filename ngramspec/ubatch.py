@@ -132,12 +132,21 @@ def pads_needed(lengths: Sequence[tuple[int, int]], n_ubatch: int,
 @dataclass(frozen=True)
 class Layout:
     """How one decode is laid out: padding per sequence, padding rows that carry
-    logits (for an even logit count), the ubatches and their logit rows."""
+    logits (for a logit count the output layer's sgemm takes in one pass), the
+    ubatches and their logit rows."""
 
     pads: dict[int, int]
     pad_logits: dict[int, int]
     ubatches: tuple[Ubatch, ...]
     logits: tuple[int, ...]  # logit rows per ubatch
+
+
+def ragged(n_logits: int, quantum: int) -> bool:
+    """Whether a ubatch with n_logits logit rows costs llamafile's sgemm a second pass
+    over the output layer: it takes the columns `quantum` at a time (4 with 32 vector
+    registers, AVX-512; else 2) and the remainder in a pass of its own. Up to
+    `quantum` rows are one pass."""
+    return n_logits > quantum and n_logits % quantum != 0
 
 
 def _logits_per_ubatch(entries, pads, pad_logits, ubatches) -> list[int]:
@@ -159,37 +168,40 @@ def _logits_per_ubatch(entries, pads, pad_logits, ubatches) -> list[int]:
 
 
 def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_streams: bool,
-           pad: bool = True) -> Layout:
+           pad: bool = True, quantum: int = 2) -> Layout:
     """The layout of a decode of entries (seq_id, n_tokens, n_logits), ascending seq_id.
 
-    With `pad` (batch-invariant contexts): U1 padding (`pads_needed`), then for every
-    ubatch with an odd number of logit rows (3 or more) one padding row of it gets
-    logits too, and with a single stream a padding row is added for that: llama.cpp's
-    output matmul costs ~13 ms more for an odd column count on this CPU (the logits
-    of a row do not depend on the others: batch invariance).
+    With `pad` (batch-invariant contexts): U1 padding (`pads_needed`), then every
+    ubatch whose logit count is `ragged` gets padding rows with logits up to the next
+    multiple of `quantum`: with a single stream padding rows are added for that (while
+    the stream stays under 64 rows and one ubatch); with several streams only existing
+    padding rows get logits. A ragged count costs the output layer a second pass
+    (~15 ms on a 2-core AVX-512 CPU, ~13 ms for an odd count on AVX2), a padding row
+    ~2.5 ms; the logits of a row do not depend on the others (batch invariance).
     """
     lengths = [(s, n) for s, n, _ in entries]
     pads = pads_needed(lengths, n_ubatch, per_seq_streams) if pad else {}
     pad_logits: dict[int, int] = {}
-    if pad and not per_seq_streams:
+    if pad and not per_seq_streams and entries:
         total = sum(nl for _, _, nl in entries)
         rows = sum(n for _, n in lengths) + sum(pads.values())
-        if total >= 3 and total % 2 and entries and rows + 1 < FA_TILE_ROWS:
+        extra = (-total) % quantum
+        if ragged(total, quantum) and rows + extra < min(FA_TILE_ROWS, n_ubatch + 1):
             s = entries[-1][0]
-            pads[s] = pads.get(s, 0) + (0 if pads.get(s) else 1)
-            pad_logits[s] = 1
+            pads[s] = max(pads.get(s, 0), extra)
+            pad_logits[s] = extra
     padded = [(s, n + pads.get(s, 0)) for s, n in lengths]
     ubs = split(padded, n_ubatch, per_seq_streams)
     logits = _logits_per_ubatch(entries, pads, pad_logits, ubs)
     if pad and per_seq_streams:
         for i, ub in enumerate(ubs):
-            if logits[i] < 3 or logits[i] % 2 == 0:
-                continue
-            for s, _ in ub.take:  # a pad row of this ubatch that has no logits yet
-                if pads.get(s, 0) > pad_logits.get(s, 0) and _pad_rows_in(entries, pads, ubs, i, s):
-                    pad_logits[s] = pad_logits.get(s, 0) + 1
-                    logits[i] += 1
+            while ragged(logits[i], quantum):
+                s = next((s for s, _ in ub.take if pads.get(s, 0) > pad_logits.get(s, 0)
+                          and _pad_rows_in(entries, pads, ubs, i, s)), None)
+                if s is None:  # no padding row left in this ubatch
                     break
+                pad_logits[s] = pad_logits.get(s, 0) + 1
+                logits[i] += 1
     return Layout(pads, pad_logits, tuple(ubs), tuple(logits))
 
 

@@ -82,15 +82,27 @@ def test_a_second_logit_row_in_a_ubatch_costs_the_batched_output_kernel():
         0.009 + 4 * 0.003 + 0.0085)
 
 
-@pytest.mark.parametrize("streams", [False, True])
-def test_fit_recovers_the_coefficients(streams):
+def test_ragged_logit_counts_are_priced_with_the_contexts_quantum():
+    c = DecodeCost(0.009, 0.0018, 0.0012, per_odd=0.015, per_multi=0.0085, logit_quantum=4)
+    # 6 logit rows are padded to 8 (two padding rows with logits): one sgemm pass
+    assert c.seconds([Shape(0, 6, 6)]) == pytest.approx(0.009 + 8 * 0.003 + 0.0085)
+    assert c.seconds([Shape(0, 3, 3)]) == pytest.approx(0.009 + 3 * 0.003 + 0.0085)
+    # three streams of 3: 9 logit rows and no padding row to give logits: a second pass
+    s = replace(c, per_seq_streams=True)
+    assert s.seconds([Shape(i, 3, 3) for i in range(3)]) == pytest.approx(
+        0.009 + 9 * 0.003 + 0.0085 + 0.015)
+
+
+@pytest.mark.parametrize("streams,quantum", [(False, 2), (True, 2), (False, 4), (True, 4)])
+def test_fit_recovers_the_coefficients(streams, quantum):
     from ngramspec.cost import calibration_shapes
 
-    true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_multi=0.0085, per_seq_streams=streams)
-    if streams:
-        true = replace(true, per_odd=0.004)
+    layout = {"per_seq_streams": streams, "logit_quantum": quantum}
+    true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_odd=0.004, per_multi=0.0085, **layout)
     samples = [(sh, true.seconds(sh)) for sh in calibration_shapes(streams)]
-    got = DecodeCost.fit(samples, per_seq_streams=streams)
+    got = DecodeCost.fit(samples, **layout)
+    if not any(true.features(sh)[4] for sh, _ in samples):  # no ragged shape measured
+        true = replace(true, per_odd=0.0)
     assert np.allclose(got.coef, true.coef, rtol=1e-6)
 
 

@@ -119,3 +119,20 @@ def test_layout_evens_out_logit_rows():
     assert lay.pads == {} and lay.logits == (9,)
     # prefill-like entry: logits on the last token only
     assert layout([(0, 10, 1)], 512, False).logits == (1,)
+
+
+def test_layout_rounds_logit_rows_to_the_sgemm_quantum():
+    """With 32 vector registers (AVX-512) llamafile's sgemm takes 4 logit columns per
+    pass over the output layer: a ragged count (5-7, 9-11, ...) is padded up."""
+    from ngramspec.ubatch import layout, ragged
+
+    assert [n for n in range(1, 14) if ragged(n, 4)] == [5, 6, 7, 9, 10, 11, 13]
+    assert [n for n in range(1, 8) if ragged(n, 2)] == [3, 5, 7]
+    for n in range(2, 61):
+        lay = layout([(0, n, n)], 512, False, quantum=4)
+        assert not ragged(lay.logits[0], 4) and lay.logits[0] - n < 4
+        assert lay.pads.get(0, 0) == lay.pad_logits.get(0, 0) == lay.logits[0] - n
+    assert layout([(0, 3, 3)], 512, False, quantum=4).pads == {}  # one pass already
+    assert layout([(0, 62, 62)], 512, False, quantum=4).pads == {}  # would reach 64 rows
+    assert layout([(0, 7, 7)], 8, False, quantum=4).logits == (8,)  # fits the ubatch
+    assert layout([(0, 7, 7)], 7, False, quantum=4).pads == {}  # would split it
