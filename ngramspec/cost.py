@@ -39,6 +39,9 @@ import numpy as np
 from . import ubatch
 
 MAX_DRAFT = 64
+#: what `DecodeCost.features` counts per decode, in the order of `DecodeCost.coef`
+FEATURES = ("ubatches", "tokens", "logit rows", "token-kilocells", "ragged ubatches",
+            "multi-logit ubatches")
 
 
 @dataclass(frozen=True)
@@ -117,12 +120,20 @@ class DecodeCost:
 
     @classmethod
     def fit(cls, samples: Sequence[tuple[Sequence[Shape], float]], **layout) -> "DecodeCost":
-        """Least squares over measured decodes, coefficients kept >= 0."""
+        """Least squares over measured decodes, coefficients kept >= 0. A feature the
+        samples do not determine (never observed, or a combination of the others, as
+        "2+ logit rows" is when every sample had them) keeps 0, so the model does not
+        extrapolate it to decodes unlike the samples."""
         probe = cls(1.0, 0.0, 0.0, **layout)
         x = np.array([probe.features(sh) for sh, _ in samples])
         y = np.array([sec for _, sec in samples])
         n = x.shape[1]
         active = [bool(x[:, i].any()) for i in range(n)]  # unobserved features stay 0
+        for i in range(n - 1, 0, -1):  # features the samples cannot tell apart stay 0 too,
+            cols = [j for j in range(n) if active[j]]  # the later ones first (e.g. every
+            if np.linalg.matrix_rank(x[:, cols]) == len(cols):  # sample had 2+ logit rows)
+                break
+            active[i] = False
         coef = np.zeros(n)
         for _ in range(n):
             cols = [i for i in range(n) if active[i]]

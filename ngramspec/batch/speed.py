@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..cost import DecodeCost, Shape
+from ..cost import FEATURES, DecodeCost, Shape
 
 MIN_STEPS = 8  # fewer timed steps: no fit
 
@@ -63,7 +63,7 @@ class _Occupancy:
     """Steps with b generating sequences."""
 
     plain_steps: float = 0.0  # sum of E / b: plain decodes of b sequences they stand for
-    plain_features: np.ndarray = field(default_factory=lambda: np.zeros(5))  # same, as features
+    plain_features: np.ndarray = field(default_factory=lambda: np.zeros(len(FEATURES)))  # same, as features
     undrafted: int = 0
     undrafted_seconds: float = 0.0
 
