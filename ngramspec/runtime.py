@@ -10,6 +10,7 @@ from .engine import Engine
 from .errors import ConfigError
 from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
+from .omp import on_passing_thread
 from .policy import CostPolicy
 from .twin import repack_is_safe
 
@@ -63,6 +64,7 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
                          kv_unified=kvu, batch_invariant=batch_invariant), notes
 
 
+@on_passing_thread
 def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
                 spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
                 draft_p_min: float = 0.0, n_batch: int = 512,
@@ -73,6 +75,10 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     With spec type auto, free memory decides whether the draft model is loaded
     and whether speculation runs at all; `notify` gets the one-line reason, and
     one line per llama.cpp setting kept for exactness (`context_params`).
+
+    Runs on a thread of its own that has ended when it returns (`omp.on_passing_thread`):
+    the decodes of loading (calibration, warm-up) leave no OpenMP pool on the caller's
+    thread to slow the decodes of whichever thread runs the engine afterwards.
     """
     plan = plan_auto(spec, draft_path, available_bytes())
     if plan.note:
