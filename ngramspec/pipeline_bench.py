@@ -189,9 +189,15 @@ def long_text(n_chars: int, module: str = "difflib") -> str:
     return (src * (n_chars // len(src) + 1))[:n_chars]
 
 
+SECOND_QUESTION = ("\n# The second request asks a longer question about the same module: "
+                   "which classes does it define, which of them does a user of the command-line "
+                   "parser meet first, and why are the help formatters separate classes from "
+                   "the parser itself? Answer in three short paragraphs.\n")
+
+
 def prompt_checks(url: str, n_chars: int = 8000) -> dict:
     """Prompt speed on one ~2,000-token prompt (best of 2, no cache), and the prompt
-    cache: a ~1,500-token prefix with a new ~50-token suffix after a first request."""
+    cache: a ~1,550-token prefix with a new ~50-token suffix after a first request."""
     import httpx
 
     def post(client, prompt, cache):
@@ -203,9 +209,9 @@ def prompt_checks(url: str, n_chars: int = 8000) -> dict:
     text = long_text(n_chars)
     with httpx.Client(base_url=url, timeout=600) as c:
         speed = max((post(c, text, False) for _ in range(2)), key=lambda t: t["prompt_per_second"])
-        prefix = long_text(6000, "argparse")  # a prefix no slot holds yet
+        prefix = long_text(6200, "argparse")  # ~1,550 tokens no slot holds yet
         first = post(c, prefix + "\n# first question: what does this module do?\n", True)
-        second = post(c, prefix + "\n# second question: which classes does it define, and why?\n", True)
+        second = post(c, prefix + SECOND_QUESTION, True)  # a new ~50-token suffix
     return {"prompt_n": speed["prompt_n"], "prompt_per_second": speed["prompt_per_second"],
             "cache_first_prompt_ms": first["prompt_ms"], "cache_first_prompt_n": first["prompt_n"],
             "cache_second_prompt_ms": second["prompt_ms"], "cache_second_prompt_n": second["prompt_n"],
