@@ -316,7 +316,8 @@ class Context:
         no logits) and removed after the decode (`ubatch.pads_needed`); a decode
         that would still break an invariance rule raises ValueError.
         """
-        lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries])
+        room = self.n_ctx_seq - (entries[-1][2] + len(entries[-1][1])) if entries else None
+        lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries], room)
         return self._run(entries, lay.pads, lay.pad_logits)
 
     def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int,
@@ -378,14 +379,16 @@ class Context:
                 self.truncate(seq_id, pos0 + len(tokens))
         return rows
 
-    def layout_for(self, entries: Sequence[tuple[int, int, int]]) -> ubatch.Layout:
+    def layout_for(self, entries: Sequence[tuple[int, int, int]],
+                   room: int | None = None) -> ubatch.Layout:
         """The layout (padding, ubatches) of a decode of entries (seq_id, n_tokens,
-        n_logits); raises ValueError if it does not fit or cannot be made invariant."""
+        n_logits); `room`: cells left in the last entry's stream after its tokens.
+        Raises ValueError if it does not fit or cannot be made invariant."""
         total = sum(n for _, n, _ in entries)
         if total > self.n_batch:
             raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
         lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant,
-                            quantum=self.logit_quantum)
+                            quantum=self.logit_quantum, room=room)
         n_pads = sum(lay.pads.values())
         if n_pads + total > self.n_batch:
             raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "

@@ -29,6 +29,7 @@ Invariants:
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -65,8 +66,13 @@ class PrefillTwin:
     """The repacked model's context that evaluates prompt chunks for a main context."""
 
     def __init__(self, model: Model, params: ContextParams):
+        """The twin gets GEMM_ROWS more cells per sequence than the main context: the
+        engine leaves room for a chunk's padding to 64 rows before the slot's end
+        (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3 more. Only
+        padding rows use them (removed after the decode); how many cells a context
+        has does not change any value (docs/exactness.md)."""
         self.model = model
-        self.ctx = Context(model, params)
+        self.ctx = Context(model, replace(params, n_ctx=params.n_ctx + GEMM_ROWS * params.n_seq_max))
         self.held: dict[int, int] = {}  # seq -> the twin holds its cells [0, held)
 
     @staticmethod

@@ -168,14 +168,15 @@ def _logits_per_ubatch(entries, pads, pad_logits, ubatches) -> list[int]:
 
 
 def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_streams: bool,
-           pad: bool = True, quantum: int = 2) -> Layout:
+           pad: bool = True, quantum: int = 2, room: int | None = None) -> Layout:
     """The layout of a decode of entries (seq_id, n_tokens, n_logits), ascending seq_id.
 
     With `pad` (batch-invariant contexts): U1 padding (`pads_needed`), then every
     ubatch whose logit count is `ragged` gets padding rows with logits up to the next
     multiple of `quantum`: with a single stream padding rows are added for that (while
-    the stream stays under 64 rows and one ubatch); with several streams only existing
-    padding rows get logits. A ragged count costs the output layer a second pass
+    the stream stays under 64 rows and one ubatch, and the rows fit the `room` cells
+    left after the last entry's tokens); with several streams only existing padding
+    rows get logits. A ragged count costs the output layer a second pass
     (~15 ms on a 2-core AVX-512 CPU, ~13 ms for an odd count on AVX2), a padding row
     ~2.5 ms; the logits of a row do not depend on the others (batch invariance).
     """
@@ -186,8 +187,9 @@ def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_strea
         total = sum(nl for _, _, nl in entries)
         rows = sum(n for _, n in lengths) + sum(pads.values())
         extra = (-total) % quantum
-        if ragged(total, quantum) and rows + extra < min(FA_TILE_ROWS, n_ubatch + 1):
-            s = entries[-1][0]
+        s = entries[-1][0]
+        fits = room is None or max(pads.get(s, 0), extra) <= room
+        if ragged(total, quantum) and rows + extra < min(FA_TILE_ROWS, n_ubatch + 1) and fits:
             pads[s] = max(pads.get(s, 0), extra)
             pad_logits[s] = extra
     padded = [(s, n + pads.get(s, 0)) for s, n in lengths]

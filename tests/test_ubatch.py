@@ -136,3 +136,11 @@ def test_layout_rounds_logit_rows_to_the_sgemm_quantum():
     assert layout([(0, 62, 62)], 512, False, quantum=4).pads == {}  # would reach 64 rows
     assert layout([(0, 7, 7)], 8, False, quantum=4).logits == (8,)  # fits the ubatch
     assert layout([(0, 7, 7)], 7, False, quantum=4).pads == {}  # would split it
+
+
+def test_logit_padding_stays_inside_the_slot():
+    """Near the end of a slot's cells there is no room for padding rows: priced, not padded."""
+    from ngramspec.ubatch import layout
+
+    assert layout([(0, 5, 5)], 512, False, quantum=4, room=3).logits == (8,)
+    assert layout([(0, 5, 5)], 512, False, quantum=4, room=2).pads == {}
