@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -106,11 +106,6 @@ class DecodeCost:
         """t(K+1) for K = 0..k_max (one sequence alone)."""
         return np.asarray([self.t(k + 1, n_kv) for k in range(k_max + 1)])
 
-    def for_context(self, per_seq_streams: bool, n_ubatch: int, pad: bool,
-                    logit_quantum: int = 2) -> "DecodeCost":
-        return replace(self, per_seq_streams=per_seq_streams, n_ubatch=n_ubatch, pad=pad,
-                       logit_quantum=logit_quantum)
-
     @classmethod
     def linear(cls, base_s: float, per_token_s: float) -> "DecodeCost":
         """A synthetic single-stream model t(n) = base + per_token * (n - 1), exactly
@@ -129,9 +124,11 @@ class DecodeCost:
         y = np.array([sec for _, sec in samples])
         n = x.shape[1]
         active = [bool(x[:, i].any()) for i in range(n)]  # unobserved features stay 0
-        for i in range(n - 1, 0, -1):  # features the samples cannot tell apart stay 0 too,
-            cols = [j for j in range(n) if active[j]]  # the later ones first (e.g. every
-            if np.linalg.matrix_rank(x[:, cols]) == len(cols):  # sample had 2+ logit rows)
+        # features the samples cannot tell apart stay 0 too, the later ones first (e.g.
+        # "2+ logit rows" when every sample had them, which is then the per-ubatch cost)
+        for i in range(n - 1, 0, -1):
+            cols = [j for j in range(n) if active[j]]
+            if np.linalg.matrix_rank(x[:, cols]) == len(cols):
                 break
             active[i] = False
         coef = np.zeros(n)

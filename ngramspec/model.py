@@ -14,7 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Sequence
 
@@ -81,6 +81,7 @@ def _quiet_logs(verbose: bool) -> None:
     _BACKEND_READY = True
 
 
+@cache
 def logit_quantum() -> int:
     """Logit columns llamafile's sgemm takes per pass over the output layer: 4 in a
     build with 32 vector registers (AVX-512, NEON), else 2 (`ubatch.ragged`)."""
@@ -454,8 +455,9 @@ class Context:
         return (ctypes.c_uint8 * n).from_buffer(buf)
 
     def set_seq_state(self, seq_id: int, data: ctypes.Array) -> None:
-        """Load cells `seq_state` returned (of a context with the same parameters) into
-        `seq_id`, replacing what it held. Raises RuntimeError if llama.cpp refuses."""
+        """Load cells `seq_state` returned (of a context of the same GGUF with as many KV
+        streams) into `seq_id`, replacing what it held. Raises RuntimeError if llama.cpp
+        refuses (n_stream mismatch, too few cells)."""
         if len(data) and _llama().llama_state_seq_set_data(self.ptr, data, len(data), seq_id) == 0:
             raise RuntimeError(f"llama.cpp could not load {len(data)} bytes of KV state "
                                f"into sequence {seq_id}")

@@ -12,8 +12,9 @@ and to a multiple of 4 rows (every column through gemm, rule R), and then moves 
 sequence's KV cells into the main context (llama_state_seq_get/set_data).
 
 Invariants:
-- The twin context has the main context's parameters (same KV streams and cells per
-  sequence), so a sequence's state moves between them unchanged.
+- The twin context has the main context's parameters (the same KV streams), with
+  GEMM_ROWS more cells per sequence for padding, so a sequence's state moves between
+  them unchanged.
 - The twin holds exactly the cells [0, held[seq]) of each sequence, computed by
   twin chunks (or, after a slot restore, copied from the main context). The main
   context's truncations, clears and context shifts reach the twin (`truncate`), so
@@ -71,7 +72,6 @@ class PrefillTwin:
         (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3 more. Only
         padding rows use them (removed after the decode); how many cells a context
         has does not change any value (docs/exactness.md)."""
-        self.model = model
         self.ctx = Context(model, replace(params, n_ctx=params.n_ctx + GEMM_ROWS * params.n_seq_max))
         self.held: dict[int, int] = {}  # seq -> the twin holds its cells [0, held)
 
@@ -116,5 +116,5 @@ class PrefillTwin:
 
 def move_seq(src: Context, dst: Context, seq_id: int) -> None:
     """Copy `seq_id`'s KV cells from src into dst, replacing what dst held of it. Both
-    contexts belong to models of one GGUF and have the same parameters."""
+    contexts belong to models of one GGUF and have as many KV streams."""
     dst.set_seq_state(seq_id, src.seq_state(seq_id))
