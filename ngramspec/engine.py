@@ -327,8 +327,11 @@ class Engine:
         return MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
 
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
-        """One verify step for every generating sequence in `seqs`, in ONE llama_decode."""
-        active = [s for s in seqs if not s.done and not s.prefilling]
+        """One verify step for every generating sequence in `seqs`, in ONE llama_decode.
+        The decode takes the sequences in ascending seq id whatever the order of `seqs`
+        (llama.cpp forms fewer ubatches from runs of consecutive ids: ubatch.py)."""
+        active = sorted((s for s in seqs if not s.done and not s.prefilling),
+                        key=lambda s: s.seq_id)
         for st in active:
             if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
                 self._shift(st)
