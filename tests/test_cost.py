@@ -151,3 +151,19 @@ def test_cached_curve_from_a_busy_machine_is_measured_again(tmp_path, monkeypatc
     assert fixed.t(1) == pytest.approx(want)
     # and the corrected model is what the cache holds now
     assert load_or_calibrate("m", _fake_measure(0.006, []), LAYOUT).t(1) == pytest.approx(want)
+
+
+def test_cached_curve_wrong_for_one_token_decodes_is_measured_again(tmp_path, monkeypatch):
+    """A model whose 8- and 32-token predictions are close but whose 1-token decode (the
+    most frequent one) is 40% too slow must not survive the spot check (found in a run:
+    a curve calibrated while the machine was busy predicted 21.7 ms for 14.4)."""
+    from ngramspec.cost import load_or_calibrate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    true = DecodeCost(0.012, 0.001, 0.006)
+    stale = DecodeCost(0.012 + 0.009, 0.001, 0.0055)  # +40% at 1 token, within 10% at 8 and 32
+    assert stale.t(1) / true.t(1) > 1.35
+    assert all(0.8 < stale.t(n) / true.t(n) < 1.2 for n in (8, 32))
+    load_or_calibrate("m", lambda shapes: stale.seconds(shapes), LAYOUT)
+    fixed = load_or_calibrate("m", _fake_measure(0.006, []), LAYOUT)
+    assert fixed.t(1) == pytest.approx(true.t(1))
