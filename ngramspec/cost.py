@@ -211,6 +211,12 @@ def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple
 
 
 def cache_path() -> Path:
+    """$NGRAMSPEC_CACHE_DIR/decode_cost.json, else ngramspec/ in the user's cache folder.
+    (The test suite points the variable at a folder of its own: curves measured while
+    tests share the CPU must not steer a later benchmark.)"""
+    own = os.environ.get("NGRAMSPEC_CACHE_DIR")
+    if own:
+        return Path(own) / "decode_cost.json"
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "ngramspec" / "decode_cost.json"
 

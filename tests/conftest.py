@@ -2,8 +2,13 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import ngramspec  # noqa: F401  (sets GGML_CPU_TILED_MM=0 before any test runs llama.cpp)
+
+# decode-cost curves measured by tests (a busy CPU, OMP_WAIT_POLICY=PASSIVE) go to a cache
+# of the session's own, inherited by the servers tests start, never to the user's
+os.environ.setdefault("NGRAMSPEC_CACHE_DIR", tempfile.mkdtemp(prefix="ngramspec-test-cache-"))
 
 import pytest
 

@@ -131,7 +131,7 @@ def _fake_measure(per_token_s, calls):
 def test_cached_curve_is_reused_while_a_spot_check_agrees(tmp_path, monkeypatch):
     from ngramspec.cost import PROBES, load_or_calibrate
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     calls: list = []
     first = load_or_calibrate("m", _fake_measure(0.006, calls), LAYOUT)
     calls.clear()
@@ -143,7 +143,7 @@ def test_cached_curve_is_reused_while_a_spot_check_agrees(tmp_path, monkeypatch)
 def test_cached_curve_from_a_busy_machine_is_measured_again(tmp_path, monkeypatch):
     from ngramspec.cost import load_or_calibrate
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     busy = DecodeCost(2.5, 0.1, 0.1)  # recorded under heavy load: absurd
     load_or_calibrate("m", lambda shapes: busy.seconds(shapes), LAYOUT)
     fixed = load_or_calibrate("m", _fake_measure(0.006, []), LAYOUT)
@@ -159,7 +159,7 @@ def test_cached_curve_wrong_for_one_token_decodes_is_measured_again(tmp_path, mo
     a curve calibrated while the machine was busy predicted 21.7 ms for 14.4)."""
     from ngramspec.cost import load_or_calibrate
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     true = DecodeCost(0.012, 0.001, 0.006)
     stale = DecodeCost(0.012 + 0.009, 0.001, 0.0055)  # +40% at 1 token, within 10% at 8 and 32
     assert stale.t(1) / true.t(1) > 1.35

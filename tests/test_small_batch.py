@@ -39,14 +39,14 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
     from ngramspec.config import SpecConfig
     from ngramspec.runtime import LoadOptions, load_engine
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     from ngramspec.policy import CostPolicy
 
     engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=1,
                          batch_invariant=invariant, options=LoadOptions(n_batch=n_batch))
     try:
         assert isinstance(engine.policy, CostPolicy)
-        assert (tmp_path / "ngramspec" / "decode_cost.json").is_file()
+        assert (tmp_path / "decode_cost.json").is_file()
         assert engine.ctx.n_batch == (64 if invariant else n_batch)
     finally:
         engine.ctx.close()
