@@ -10,6 +10,13 @@
   proposal of that step (verified or not) is scored against the emitted tokens
   ("shadow" drafts), so a policy that stopped drafting notices when drafting
   would pay again without spending a verify on it.
+- `CostPolicy` keeps its statistics per drafter AND per run state: "copy" when
+  the sequence's previous step verified a draft and accepted all of it (the
+  output is following a copy), "fresh" otherwise (after novel text or a broken
+  draft). A copy that is being followed tends to go on; a match found afresh,
+  often by a short key, breaks far sooner (measured on held-out recorded
+  streams: mean accepted length 34 vs 13 tokens), and one set of statistics for
+  both drafted the fresh matches far too long.
 
 Invariant: a policy only chooses *which* tokens are verified; every emitted
 token still comes from the target's sampler, so output never depends on it.
@@ -79,19 +86,28 @@ class CostPolicy:
         self.global_stats: dict[str, AcceptanceStats] = {}
 
     def stats(self, sp: Speculation, name: str) -> AcceptanceStats:
-        """The sequence's stats for drafter `name`; a new sequence starts from the
-        drafter's global stats, scaled down."""
-        s = sp.stats.get(name)
+        """The sequence's stats for drafter `name` in the sequence's current run state
+        (`Speculation.copying`). They start from the global stats of that drafter and
+        state, scaled down; while those have seen nothing (a cold server), from what
+        this sequence learnt of the drafter in the other state, so the first copy
+        ramps up as fast as with one set of statistics."""
+        key = (name, sp.copying)
+        s = sp.stats.get(key)
         if s is None:
-            g = self.global_stats.setdefault(name, AcceptanceStats(decay=0.995))
-            s = sp.stats[name] = AcceptanceStats()
-            s.offered = g.offered * SEQ_PRIOR_WEIGHT
-            s.accepted = g.accepted * SEQ_PRIOR_WEIGHT
+            g = self.global_stats.setdefault(key, AcceptanceStats(decay=0.995))
+            s = sp.stats[key] = AcceptanceStats()
+            other = sp.stats.get((name, not sp.copying))
+            if g.n_updates == 0 and other is not None:
+                s.offered, s.accepted = other.offered.copy(), other.accepted.copy()
+            else:
+                s.offered = g.offered * SEQ_PRIOR_WEIGHT
+                s.accepted = g.accepted * SEQ_PRIOR_WEIGHT
         return s
 
     def _update(self, sp: Speculation, name: str, offered: int, accepted: int) -> None:
         self.stats(sp, name).update(offered, accepted)
-        self.global_stats.setdefault(name, AcceptanceStats(decay=0.995)).update(offered, accepted)
+        self.global_stats.setdefault((name, sp.copying), AcceptanceStats(decay=0.995)).update(
+            offered, accepted)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -126,3 +142,4 @@ class CostPolicy:
                 self._update(sp, d.name, len(dr), m)
             elif m > 0:  # all known tokens matched: censored at m
                 self._update(sp, d.name, m, m)
+        sp.copying = sp.committed is not None and n_accepted == sp.committed[1]

@@ -60,13 +60,16 @@ class Speculation:
     def __init__(self, seq_id: int, chain: DrafterChain, policy, own: Sequence = ()):
         self.seq_id, self.chain, self.policy = seq_id, chain, policy
         self.own = tuple(own)  # this sequence's own drafters (a client's prediction), asked first
-        self.stats: dict[str, AcceptanceStats] = {}  # this sequence's acceptance, per drafter
+        # this sequence's acceptance per (drafter, copying) (CostPolicy)
+        self.stats: dict[tuple[str, bool], AcceptanceStats] = {}
+        self.copying = False  # the previous step verified a draft and accepted all of it
         self.options = NO_OPTIONS
         self.committed: tuple[str, int] | None = None  # (drafter name, length) verified this step
         self.draft_n = 0
         self.draft_n_accepted = 0
 
     def begin(self, prompt: np.ndarray) -> None:
+        self.copying = False
         self.chain.begin(self.seq_id, prompt)
         for d in self.own:
             d.begin(self.seq_id, prompt)

@@ -101,3 +101,60 @@ def test_auto_on_recorded_summary_beats_every_fixed_type():
     auto = _modelled(s, "auto", CostPolicy(CPU_CURVE, compare_all=True))
     fixed = [_modelled(s, t, FixedPolicy()).modelled_speedup for t in SPEC_TYPES]
     assert auto.modelled_speedup > max(fixed)
+
+
+def _observe(policy, sp, drafter, n_draft, n_acc, copying):
+    """One verify step of `sp` in the given run state: a committed draft of n_draft
+    tokens of which n_acc were accepted."""
+    from ngramspec.speculation import DraftOptions
+
+    sp.copying = copying
+    draft = np.arange(n_draft, dtype=np.int32)
+    sp.options = DraftOptions(proposals=[(drafter, draft)])
+    sp.committed = (drafter.name, n_draft)
+    emitted = [*draft[:n_acc].tolist(), -1]
+    policy.observe(sp, emitted, n_acc)
+
+
+def test_cost_policy_keeps_copy_and_fresh_statistics_apart():
+    """Drafts that follow a copy (the previous draft accepted whole) and drafts found
+    afresh are scored separately: the same drafter drafts long while copying and
+    short after novel text, where its matches break early."""
+    from ngramspec.speculation import Speculation
+
+    d = NgramSimple(NgramMapParams(size_n=3, size_m=32), HashPool(1 << 20))
+    policy = CostPolicy(CPU_CURVE, compare_all=True)
+    sp = Speculation(0, DrafterChain(SpecConfig(types=("ngram-simple",)), drafters=[d]), policy)
+    for _ in range(40):
+        _observe(policy, sp, d, 30, 30, copying=True)   # a copy goes on
+        _observe(policy, sp, d, 30, 1, copying=False)   # a fresh match breaks at 1
+    sp.copying = True
+    e_copy = policy.stats(sp, d.name).expected_tokens()
+    sp.copying = False
+    e_fresh = policy.stats(sp, d.name).expected_tokens()
+    assert e_copy[30] > 25 and e_fresh[30] < 3
+    table = CPU_CURVE.table(30)
+    k_copy, k_fresh = np.argmax(e_copy[:31] / table), np.argmax(e_fresh[:31] / table)
+    assert k_copy >= 20 and k_fresh <= 2
+    # the run state follows the steps: all accepted -> copying, else fresh
+    _observe(policy, sp, d, 5, 5, copying=False)
+    assert sp.copying
+    _observe(policy, sp, d, 5, 4, copying=True)
+    assert not sp.copying
+
+
+def test_first_copy_state_starts_from_what_the_sequence_learnt_fresh():
+    """On a cold server (no global statistics) the copy state does not start from the
+    bare prior: it takes the sequence's fresh statistics, so the first copy ramps up
+    as fast as with one set of statistics."""
+    from ngramspec.speculation import Speculation
+
+    d = NgramSimple(NgramMapParams(size_n=3, size_m=32), HashPool(1 << 20))
+    policy = CostPolicy(CPU_CURVE, compare_all=True)
+    sp = Speculation(0, DrafterChain(SpecConfig(types=("ngram-simple",)), drafters=[d]), policy)
+    for _ in range(3):
+        _observe(policy, sp, d, 20, 20, copying=False)
+    sp.copying = False
+    fresh = policy.stats(sp, d.name).expected_tokens()
+    sp.copying = True
+    assert np.allclose(policy.stats(sp, d.name).expected_tokens(), fresh)
