@@ -12,7 +12,7 @@ from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
-from .twin import repack_is_safe
+from .twin import load_twin, repack_is_safe
 
 
 def default_threads() -> int:
@@ -100,8 +100,8 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
                   n_gpu_layers=opts.n_gpu_layers, load_mode=opts.load_mode)
     twin = None
     if repack and batch_invariant:
-        twin = Model(model.path, verbose=verbose, use_extra_bufts=True,
-                     n_gpu_layers=opts.n_gpu_layers, load_mode=opts.load_mode)
+        twin = load_twin(model, verbose=verbose, n_gpu_layers=opts.n_gpu_layers,
+                         load_mode=opts.load_mode)
     ctx = Context(model, cparams, prefill_model=twin)
     dd = None
     if draft_path is not None:

@@ -2,13 +2,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 
 import ngramspec  # noqa: F401  (sets GGML_CPU_TILED_MM=0 before any test runs llama.cpp)
 
 # decode-cost curves measured by tests (a busy CPU, OMP_WAIT_POLICY=PASSIVE) go to a cache
 # of the session's own, inherited by the servers tests start, never to the user's
-os.environ.setdefault("NGRAMSPEC_CACHE_DIR", tempfile.mkdtemp(prefix="ngramspec-test-cache-"))
+_OWN_CACHE = None
+if not os.environ.get("NGRAMSPEC_CACHE_DIR"):
+    _OWN_CACHE = os.environ["NGRAMSPEC_CACHE_DIR"] = tempfile.mkdtemp(prefix="ngramspec-test-cache-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _OWN_CACHE:
+        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
 
 import pytest
 
@@ -24,10 +32,9 @@ def model():
 def twin_model(model):
     """The embedded model with repacked weights: the prefill twin (ngramspec/twin.py),
     as `load_engine` uses it where the CPU allows (None elsewhere)."""
-    from ngramspec.model import Model
-    from ngramspec.twin import repack_is_safe
+    from ngramspec.twin import load_twin
 
-    return Model(model.path, use_extra_bufts=True) if repack_is_safe() else None
+    return load_twin(model)
 
 
 @pytest.fixture(scope="session")
