@@ -26,6 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ngramspec.config import spec_config_from_options  # noqa: E402
+from ngramspec.cost import cache_path  # noqa: E402
 from ngramspec.drafters.chain import DrafterChain, drafter_keys, make_drafter_for  # noqa: E402
 from ngramspec.drafters.prediction import PredictionDrafter  # noqa: E402
 from ngramspec.pipeline_bench import load_documents  # noqa: E402
@@ -103,10 +104,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slots", default="1,4,8")
     ap.add_argument("--n-predict", type=int, default=160)
-    ap.add_argument("--streams", default="policy_bounds_streams.json",
-                    help="where the recorded outputs are kept between runs")
+    ap.add_argument("--streams", default=None,
+                    help="where the recorded outputs are kept between runs (default: next to "
+                         "the decode-cost cache)")
     args = ap.parse_args()
-    streams = record(Path(args.streams), args.n_predict)
+    path = Path(args.streams) if args.streams else cache_path().parent / "policy_bounds_streams.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    streams = record(path, args.n_predict)
     for slots in [int(s) for s in args.slots.split(",")]:
         eng = load_engine(None, None, 2048 * slots, None,
                           spec_config_from_options(spec_type="auto"), n_seq=slots)
