@@ -83,7 +83,7 @@ class CostPolicy:
         self.cost = cost
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
-        self.global_stats: dict[str, AcceptanceStats] = {}
+        self.global_stats: dict[tuple[str, bool], AcceptanceStats] = {}  # (drafter, copying)
 
     def stats(self, sp: Speculation, name: str) -> AcceptanceStats:
         """The sequence's stats for drafter `name` in the sequence's current run state
