@@ -132,8 +132,11 @@ def run_file(py: str, suite: Path, name: str, server_bin: str, model: str, args,
     """pytest on unit/<name>.py against `server_bin`; the JUnit XML lands in `junit`.
 
     Returns None, or a line saying why the whole file produced no results."""
+    # the servers run with OMP_WAIT_POLICY=PASSIVE, beside pytest: the decode-cost curves they
+    # measure go to the work folder, never to the user's cache (they would steer a benchmark)
     env = {**os.environ, "LLAMA_SERVER_BIN_PATH": server_bin, "NGRAMSPEC_SWAP_MODEL": model,
            "PORT": str(args.port or free_port()), "OMP_WAIT_POLICY": "PASSIVE",
+           "NGRAMSPEC_CACHE_DIR": str(junit.parent / "decode-cost"),
            "PYTHONPATH": os.pathsep.join([str(suite), str(SCRIPTS)])}
     cmd = [py, "-m", "pytest", f"unit/{name}.py", "-p", "llama_server_swap",
            "-p", "no:cacheprovider", "-q", "-rN", f"--junitxml={junit}",
