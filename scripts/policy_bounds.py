@@ -27,11 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from ngramspec.config import spec_config_from_options  # noqa: E402
 from ngramspec.cost import cache_path  # noqa: E402
-from ngramspec.drafters.chain import DrafterChain, drafter_keys, make_drafter_for  # noqa: E402
+from ngramspec.drafters.chain import DrafterChain  # noqa: E402
 from ngramspec.drafters.prediction import PredictionDrafter  # noqa: E402
 from ngramspec.pipeline_bench import load_documents  # noqa: E402
 from ngramspec.policy import CostPolicy  # noqa: E402
-from ngramspec.pool import HashPool  # noqa: E402
 from ngramspec.replay import _plain_seconds, replay_batch  # noqa: E402
 from ngramspec.runtime import load_engine  # noqa: E402
 from ngramspec.sampling import SamplingParams  # noqa: E402
@@ -88,9 +87,7 @@ class Clairvoyant(CostPolicy):
 
 def modelled(streams, slots: int, cost, which: str) -> float:
     """Modelled generation seconds of `which` over the streams through `slots` slots."""
-    cfg = spec_config_from_options(spec_type="auto")
-    pool = HashPool(cfg.pool_bytes)
-    chain = DrafterChain(cfg, pool, [make_drafter_for(k, cfg, pool) for k in drafter_keys(cfg)])
+    chain = DrafterChain(spec_config_from_options(spec_type="auto"))
     policy = (Clairvoyant(cost, streams) if which == "clairvoyant"
               else CostPolicy(cost, compare_all=True))
 

@@ -6,7 +6,6 @@ import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
 from ngramspec.config import SPEC_TYPES
-from ngramspec.drafters.chain import drafter_keys, make_drafter_for
 from ngramspec.cost import DecodeCost, Shape
 from ngramspec.drafters import DrafterChain, NgramSimple
 from ngramspec.memory import plan_auto
@@ -77,9 +76,7 @@ STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
 
 
 def _modelled(stream, types, policy):
-    cfg = SpecConfig(types=()).with_types(types)
-    pool = HashPool(cfg.pool_bytes)
-    chain = DrafterChain(cfg, pool, [make_drafter_for(k, cfg, pool) for k in drafter_keys(cfg)])
+    chain = DrafterChain(SpecConfig(types=()).with_types(types))
     return replay_policy(chain, policy, CPU_CURVE, stream.prompt, stream.generated[:256])
 
 

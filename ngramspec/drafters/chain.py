@@ -74,7 +74,8 @@ def make_drafter_for(key: tuple, cfg: SpecConfig, pool: HashPool):
 
 
 class DrafterChain:
-    """An ordered list of drafters on one pool, itself a `Drafter`."""
+    """An ordered list of drafters on one pool, itself a `Drafter`. Without `drafters`
+    it builds `drafter_keys(config)`'s, so an auto config gets the auto candidates."""
 
     name = "chain"
 
@@ -83,7 +84,7 @@ class DrafterChain:
         self.config = config
         self.pool = pool or HashPool(config.pool_bytes)
         self.drafters = drafters if drafters is not None else [
-            REGISTRY[t](config, self.pool) for t in config.types]
+            make_drafter_for(key, config, self.pool) for key in drafter_keys(config)]
         self.stats = {d.name: DrafterStats(d.name) for d in self.drafters}
         self._last: dict[int, Drafter | None] = {}
         self._cap = config.draft_max if config.draft_max is not None else 1 << 30
