@@ -240,13 +240,14 @@ class PipelineReport:
 def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threads: int,
         slot_ctx: int, model: str | None, llama_server: str | None, peer_types: Sequence[str],
         progress: Callable[[str], None] = lambda s: None) -> PipelineReport:
-    """ngramspec (off, auto, and the oracle at one slot) and llama-server (none + each
-    of `peer_types`) at every slot count, one server at a time."""
+    """ngramspec (off, auto and the oracle: what perfect drafts give at that slot count)
+    and llama-server (none + each of `peer_types`) at every slot count, one server at a
+    time."""
     from .model import default_model_path
 
     rep = PipelineReport()
     for n in parallel:
-        modes = ["off", "auto"] + (["oracle"] if n == 1 else [])
+        modes = ["off", "auto", "oracle"]
         checks = prompt_checks if n == 1 else None
         res, chk = run_ngramspec(docs, n, modes, n_predict, threads, slot_ctx, model, progress,
                                  checks)
