@@ -94,7 +94,7 @@ class CostPolicy:
         key = (name, sp.copying)
         s = sp.stats.get(key)
         if s is None:
-            g = self.global_stats.setdefault(key, AcceptanceStats(decay=0.995))
+            g = self._global(key)
             s = sp.stats[key] = AcceptanceStats()
             other = sp.stats.get((name, not sp.copying))
             if g.n_updates == 0 and other is not None:
@@ -104,10 +104,16 @@ class CostPolicy:
                 s.accepted = g.accepted * SEQ_PRIOR_WEIGHT
         return s
 
+    def _global(self, key: tuple[str, bool]) -> AcceptanceStats:
+        """The server-wide stats of (drafter, copying), created on first use."""
+        g = self.global_stats.get(key)
+        if g is None:
+            g = self.global_stats[key] = AcceptanceStats(decay=0.995)
+        return g
+
     def _update(self, sp: Speculation, name: str, offered: int, accepted: int) -> None:
         self.stats(sp, name).update(offered, accepted)
-        self.global_stats.setdefault((name, sp.copying), AcceptanceStats(decay=0.995)).update(
-            offered, accepted)
+        self._global((name, sp.copying)).update(offered, accepted)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
