@@ -375,8 +375,10 @@ class Scheduler:
                 "time_ms": t * 1e3}))
 
     def _deliver(self, s: Slot, out: StepOutput) -> None:
-        r = s.gen.push(out)
-        s.job.sink(Event(r, slot_id=s.id))
+        """Send a step's output to its job. A final output frees the slot (and
+        updates the counters) BEFORE it is sent, so a client that has its answer
+        sees the slot idle in /metrics and /slots."""
+        r, job = s.gen.push(out), s.job
         if r.final:
             st, c = s.st, self.counters
             c.n_tokens_max = max(c.n_tokens_max, st.n_prompt + st.n_generated)
@@ -384,16 +386,21 @@ class Scheduler:
             c.predicted_seconds += max(st.t_last - st.t_prompt_done, 0.0)
             c.requests_finished += 1
             self._release(s)
+        job.sink(Event(r, slot_id=s.id))
 
     def _fail(self, s: Slot, exc: BaseException) -> None:
+        """End a slot's job with an error; the slot is free before the error is sent."""
         self.counters.requests_failed += 1
-        if s.job is not None:
-            s.job.sink(Event(error=exc, slot_id=s.id))
-        if s.st is not None:  # whatever its KV holds now is not a usable cache
-            self.engine.finish(s.st)
-            s.st = None
-        self.engine.forget(s.id)
-        self._release(s)
+        job = s.job
+        try:
+            if s.st is not None:  # whatever its KV holds now is not a usable cache
+                self.engine.finish(s.st)
+                s.st = None
+            self.engine.forget(s.id)
+        finally:
+            self._release(s)
+            if job is not None:
+                job.sink(Event(error=exc, slot_id=s.id))
 
     def _release(self, s: Slot) -> None:
         if s.st is not None:
