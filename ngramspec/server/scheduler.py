@@ -12,7 +12,9 @@ Invariants:
   (its own llama_decode: a long prompt never stalls the running slots for more
   than a chunk), then ONE `engine.step` for every generating slot (one
   llama_decode: every slot's last token + draft, lengths planned together), and
-  deliver each slot's output through its `Generation` to the job's sink.
+  deliver each slot's output through its `Generation` to the job's sink. A job's
+  last event (final output or error) is sent after its slot is released, so a
+  client that has its answer never sees the slot busy in /metrics or /slots.
 - Jobs beyond the free slots wait in FIFO order (`requests_deferred`); only a
   full queue refuses a request (503). A job that names its slot (`id_slot`)
   waits for that slot; the jobs behind it may pass it. Idle, the thread sleeps
