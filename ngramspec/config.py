@@ -153,6 +153,14 @@ def uses_draft_model(value: str | Sequence[str] | None) -> bool:
     return value is not None and any(n in DRAFT_MODEL_TYPES for n in _type_names(value))
 
 
+def check_draft_model(value: str | Sequence[str] | None, has_draft_model: bool) -> None:
+    """ConfigError if a request's spec type names a draft-model type on an engine that
+    loaded no draft model (it would silently decode without one)."""
+    if uses_draft_model(value) and not has_draft_model:
+        raise ConfigError(f"speculative.type {value!r} needs a draft model, and none is loaded: "
+                          "start with -md/--model-draft, or use an n-gram type")
+
+
 def valid_types_text() -> str:
     return ", ".join(SPEC_TYPES + (AUTO,) + OFF_TYPES + DRAFT_MODEL_TYPES)
 

@@ -56,7 +56,7 @@ from .draft_model import DraftModelDrafter
 from .drafters import DrafterChain, as_tokens
 from .drafters.chain import drafter_keys, make_drafter_for
 from .drafters.prediction import PredictionDrafter
-from .errors import ConfigError
+from .errors import ConfigError, NgramSpecError
 from .model import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context, ContextOverflow, Model
 from .policy import DraftPolicy, FixedPolicy
 from .pool import HashPool
@@ -123,6 +123,7 @@ class StepOutput:
     accepted: int = 0
     finish_reason: str | None = None
     probs: list = field(default_factory=list)  # TokenProbs per token (n_probs > 0), same order
+    error: NgramSpecError | None = None  # this sequence's own input failed it (finish "error")
 
 
 @dataclass
@@ -348,8 +349,19 @@ class Engine:
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
         rows = self.ctx.decode(entries) if entries else []
-        out = {id(st): self._verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
+        out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
+
+    def _checked_verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
+        """`_verify`, except that an error of this sequence's own input (its grammar
+        reaching a dead end) ends this sequence alone with finish_reason "error" and the
+        error in its StepOutput; the other sequences of the decode go on."""
+        try:
+            return self._verify(st, draft, rows)
+        except NgramSpecError as e:
+            st.finish_reason = "error"
+            self.ctx.truncate(st.seq_id, st.n_hist)
+            return StepOutput([], len(draft), 0, "error", error=e)
 
     def _shift(self, st: SeqState) -> None:
         """llama-server's context shift: drop n_discard tokens after n_keep (default half
@@ -429,7 +441,10 @@ class Engine:
                 first = self.prefill(st)
             yield st, first
             while not st.done:
-                yield st, self.step([st])[0]
+                out = self.step([st])[0]
+                if out.error is not None:
+                    raise out.error
+                yield st, out
         finally:
             self.finish(st)
 

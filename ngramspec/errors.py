@@ -20,3 +20,8 @@ class ConfigError(NgramSpecError, ValueError):
 
 class TokenError(NgramSpecError, ValueError):
     """Token input that is not a sequence of non-negative integers."""
+
+
+class GrammarError(ConfigError):
+    """The grammar (or JSON schema) admits no token where generation must go on: it has
+    no valid continuation at all, or the text so far has led it into a dead end."""

@@ -26,7 +26,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any, Callable, Iterable
 
 import click
 
+from . import strict_json
 from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model, valid_types_text
 from .errors import ConfigError
 
@@ -117,10 +117,7 @@ def gpu_layers(value: Any) -> int:
 def json_object(value: Any) -> dict:
     if value is None or isinstance(value, dict):
         return value or {}
-    try:
-        obj = json.loads(value)
-    except ValueError as e:
-        raise ConfigError(f"--chat-template-kwargs is not valid JSON: {e}") from None
+    obj = strict_json.loads(value, "--chat-template-kwargs")
     if not isinstance(obj, dict):
         raise ConfigError("--chat-template-kwargs must be a JSON object")
     return obj
@@ -606,10 +603,7 @@ def sampling_from_values(kw: dict[str, Any]):
     if sfile is not None:
         schema = _read(sfile, "--json-schema-file")
     if schema is not None:
-        try:
-            parsed = json.loads(schema)
-        except ValueError as e:
-            raise ConfigError(f"--json-schema is not valid JSON: {e}") from None
+        parsed = strict_json.loads(schema, "--json-schema")
         grammar = schema_grammar(parsed if parsed else {"type": "object"})
     seed = kw.pop("seed", -1)
     return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),

@@ -20,14 +20,21 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, GrammarError
 from .model import Context, _llama
 
 
+#: a grammar whose sampling of one token is estimated to cost more than this is refused
+GRAMMAR_MAX_SECONDS = 0.5
+GRAMMAR_PROBE_STRIDE = 128  # the estimate applies the grammar to every 128th token id
+GRAMMAR_DEAD_END = ("the grammar admits no continuation here: no token can follow the text "
+                    "generated so far (check the grammar or JSON schema)")
 RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler (and synthetic draw) seeds itself
 
 
@@ -52,15 +59,17 @@ class SamplingParams:
     ignore_eos: bool = False  # every end-of-generation token gets a -inf bias
 
     def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
-            raise ConfigError(f"--temp must be a number, got {self.temperature!r}")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
+            raise ConfigError(f"--temp must be a finite number, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
             raise ConfigError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
         for name, v in (("--top-p", self.top_p), ("--min-p", self.min_p)):
             if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{name} must be between 0 and 1, got {v!r}")
-        if not isinstance(self.repeat_penalty, (int, float)) or self.repeat_penalty <= 0:
-            raise ConfigError(f"--repeat-penalty must be > 0, got {self.repeat_penalty!r}")
+        if (not isinstance(self.repeat_penalty, (int, float)) or self.repeat_penalty <= 0
+                or not math.isfinite(self.repeat_penalty)):
+            raise ConfigError(f"--repeat-penalty must be a finite number > 0, got "
+                              f"{self.repeat_penalty!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.n_probs, int) or self.n_probs < 0:
@@ -107,6 +116,25 @@ def raw_probs(logits: np.ndarray, token: int, n: int) -> TokenProbs:
 TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])  # llama_token_data
 
 
+def _candidates(ids: np.ndarray, logits: np.ndarray | float = 0.0) -> np.ndarray:
+    """A llama_token_data array of `ids` with their logits."""
+    cand = np.zeros(len(ids), dtype=TOKEN_DATA)
+    cand["id"] = ids
+    cand["logit"] = logits
+    return cand
+
+
+def _apply_alone(smpl, ids: np.ndarray) -> bool:
+    """Apply one sampler (no side effect: a grammar) to candidates `ids`: whether any
+    keeps a finite logit."""
+    lc = _llama()
+    cand = _candidates(ids)
+    cur = lc.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)),
+                                    len(cand), -1, False)
+    lc.llama_sampler_apply(smpl, ctypes.byref(cur))
+    return bool(np.isfinite(cand["logit"][:cur.size]).any())
+
+
 class Sampler:
     """Picks the token at a logits row of the last decode, for one sequence."""
 
@@ -116,6 +144,12 @@ class Sampler:
         self._probs: list[TokenProbs] = []
         if not params.plain_argmax:
             self.chain = self._build(ctx, params)
+        if params.grammar is not None:
+            try:
+                self._guard_grammar(start=True)
+            except GrammarError:
+                self.close()
+                raise
 
     @staticmethod
     def _build(ctx: Context, p: SamplingParams):
@@ -135,7 +169,7 @@ class Sampler:
                 lc.llama_sampler_free(chain)
                 raise ConfigError("invalid grammar: llama.cpp could not parse the GBNF "
                                   "(check the rule named 'root' and the syntax)")
-            lc.llama_sampler_chain_add(chain, g)
+            lc.llama_sampler_chain_add(chain, g)  # last so far: `_grammar` finds it there
         if p.greedy:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
         else:
@@ -151,17 +185,23 @@ class Sampler:
         """Sample (and accept) the token for batch index `index` of the last decode of
         `ctx` (default: the sampler's context; a prompt's last chunk may come from the
         prefill twin); with n_probs > 0 its TokenProbs (from this same row) is kept for
-        `take_probs`."""
+        `take_probs`. GrammarError when the grammar admits no token at this row."""
         p, ctx = self.params, ctx or self.ctx
-        if p.n_probs > 0 and p.post_sampling_probs and self.chain is not None:
-            tok, probs = self._sample_candidates(ctx.logits_at(index))
-            self._probs.append(probs)
+        if self.chain is not None and (p.grammar is not None or
+                                       (p.n_probs > 0 and p.post_sampling_probs)):
+            logits = ctx.logits_at(index)
+            left, sel = self._apply(logits)
+            tok = int(left["id"][sel])
+            _llama().llama_sampler_accept(self.chain, tok)
+            if p.n_probs > 0:
+                self._probs.append(self._post_probs(left, tok) if p.post_sampling_probs
+                                   else raw_probs(logits, tok, p.n_probs))
             return tok
         if self.chain is None:
             tok = int(np.argmax(ctx.logits_at(index)))
         else:
             tok = int(_llama().llama_sampler_sample(self.chain, ctx.ptr, index))
-        if p.n_probs > 0:
+        if p.n_probs > 0:  # post-sampling without a chain: greedy argmax, probability 1
             self._probs.append(TokenProbs(tok, 1.0, ((tok, 1.0),), True) if p.post_sampling_probs
                                else raw_probs(ctx.logits_at(index), tok, p.n_probs))
         return tok
@@ -171,31 +211,71 @@ class Sampler:
         out, self._probs = self._probs, []
         return out
 
-    def _sample_candidates(self, logits: np.ndarray) -> tuple[int, TokenProbs]:
-        """What llama_sampler_sample does (apply the chain to the row, accept the selected
-        token), keeping the candidates the chain left: their probabilities, best first.
-        A greedy chain selects without probabilities: its token gets 1.0, as llama.cpp's
-        temperature-0 chain gives."""
+    def _grammar_sampler(self):
+        """The chain's grammar sampler (added right after the bias and penalty samplers)."""
+        lc, p = _llama(), self.params
+        i = int(bool(p.biases(self.ctx.model))) + int(p.repeat_penalty != 1.0)
+        return lc.llama_sampler_chain_get(self.chain, i)
+
+    def _guard_grammar(self, start: bool = False) -> None:
+        """Bound what the grammar costs, before the chain applies it to a whole row.
+
+        Applying a grammar has no side effect, so it is applied alone to every
+        GRAMMAR_PROBE_STRIDE-th token id (and the EOG tokens): the time, scaled to the
+        vocabulary, estimates the full apply; over GRAMMAR_MAX_SECONDS the request is
+        refused (a grammar with thousands of alternatives costs seconds per token, and
+        every slot waits for it). At `start`, a grammar that admits no first token at
+        all is refused too (checked on the whole vocabulary when the sample admits none)."""
+        n = self.ctx.n_vocab
+        probe = np.union1d(np.arange(0, n, GRAMMAR_PROBE_STRIDE),
+                           np.asarray(self.ctx.model.eog_tokens(), dtype=np.int64))
+        g = self._grammar_sampler()
+        t0 = time.perf_counter()
+        admitted = _apply_alone(g, probe)
+        est = (time.perf_counter() - t0) * n / len(probe)
+        if est > GRAMMAR_MAX_SECONDS:
+            raise GrammarError(f"the grammar is too costly: sampling one token with it would take "
+                               f"about {est:.1f} s over this model's {n}-token vocabulary (limit "
+                               f"{GRAMMAR_MAX_SECONDS} s); use fewer alternatives")
+        if start and not admitted and not _apply_alone(g, np.arange(n)):
+            raise GrammarError("the grammar admits no token: no text can start it (check the "
+                               "grammar or JSON schema, e.g. an empty character range)")
+
+    def _apply(self, logits: np.ndarray) -> tuple[np.ndarray, int]:
+        """Apply the chain to a row as llama_sampler_sample does, without accepting:
+        (the candidates the chain left, the selected index among them).
+
+        The token is checked BEFORE anything accepts it: llama.cpp's grammar aborts the
+        process (an exception across the C API) when it accepts a token it rejected,
+        which is what a greedy or dist sampler selects once the grammar has banned
+        every token (all logits -inf). That case raises GrammarError instead."""
         lc = _llama()
+        if self.params.grammar is not None:
+            self._guard_grammar()
         n = len(logits)
-        cand = np.zeros(n, dtype=TOKEN_DATA)
-        cand["id"] = np.arange(n, dtype=np.int32)
-        cand["logit"] = logits
-        data = cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data))
-        cur = lc.llama_token_data_array(data, n, -1, False)
+        cand = _candidates(np.arange(n, dtype=np.int32), logits)
+        cur = lc.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)),
+                                        n, -1, False)
         lc.llama_sampler_apply(self.chain, ctypes.byref(cur))
         nbytes = cur.size * TOKEN_DATA.itemsize  # a sampler may point `data` elsewhere
         left = np.ctypeslib.as_array(ctypes.cast(cur.data, ctypes.POINTER(ctypes.c_uint8)),
-                                     shape=(nbytes,)).view(TOKEN_DATA)
-        tok = int(left["id"][cur.selected])
-        lc.llama_sampler_accept(self.chain, tok)
+                                     shape=(nbytes,)).view(TOKEN_DATA) if nbytes else cand[:0]
+        sel = int(cur.selected)
+        if not 0 <= sel < len(left) or not np.isfinite(left["logit"][sel]):
+            raise GrammarError(GRAMMAR_DEAD_END)
+        return left, sel
+
+    def _post_probs(self, left: np.ndarray, tok: int) -> TokenProbs:
+        """Post-sampling probabilities: the candidates the chain left, best first. A
+        greedy chain selects without probabilities: its token gets 1.0, as llama.cpp's
+        temperature-0 chain gives."""
         if self.params.greedy:
-            return tok, TokenProbs(tok, 1.0, ((tok, 1.0),), True)
+            return TokenProbs(tok, 1.0, ((tok, 1.0),), True)
         ids, probs = left["id"], left["p"]
         order = np.argsort(-probs, kind="stable")[:self.params.n_probs]
         top = tuple((int(ids[i]), float(probs[i])) for i in order if probs[i] > 0.0)
         own = probs[ids == tok]
-        return tok, TokenProbs(tok, float(own[0]) if len(own) else 0.0, top, True)
+        return TokenProbs(tok, float(own[0]) if len(own) else 0.0, top, True)
 
     def close(self) -> None:
         if self.chain is not None:
@@ -217,13 +297,19 @@ def json_grammar() -> str:
 
 
 def schema_grammar(schema: dict | str) -> str:
-    """GBNF for a JSON schema, or ConfigError naming what is wrong."""
+    """GBNF for a JSON schema, or ConfigError naming what is wrong (unparsable, no value
+    satisfies it, or beyond the grammar's limits: schema_check.py)."""
     import json
 
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
+    from . import strict_json
+    from .schema_check import check_schema
+
+    parsed = strict_json.loads(schema, "JSON schema") if isinstance(schema, str) else schema
+    strict_json.check_depth(parsed, "JSON schema")
+    check_schema(parsed)
     try:
-        text = schema if isinstance(schema, str) else json.dumps(schema)
-        return json_schema_to_gbnf(text)
+        return json_schema_to_gbnf(json.dumps(parsed))
     except Exception as e:  # the converter raises assorted errors on bad schemas
         raise ConfigError(f"invalid JSON schema: {e}") from None

@@ -23,7 +23,9 @@ from typing import Any, Iterable, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from ..server.types import ChatMessage, SpeculativeParams
+from .. import strict_json
+from ..errors import ConfigError
+from ..server.types import ChatMessage, Int32, SpeculativeParams
 
 
 class RecordBody(BaseModel):
@@ -33,9 +35,9 @@ class RecordBody(BaseModel):
     id: StrictStr | StrictInt
     prompt: StrictStr | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
-    n_predict: StrictInt | None = Field(None, ge=-1)
-    temperature: float | None = Field(None, ge=0.0)
-    seed: StrictInt | None = Field(None, ge=-1)
+    n_predict: Int32 | None = Field(None, ge=-1)
+    temperature: float | None = Field(None, ge=0.0, allow_inf_nan=False)
+    seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)
     stop: StrictStr | list[StrictStr] | None = None
     grammar: StrictStr | None = None
     json_schema: dict[str, Any] | None = None
@@ -108,9 +110,12 @@ def _parse_one(index: int, line: int, raw: Any, owner: dict[str, int]) -> Record
     obj = raw
     if isinstance(raw, (str, bytes)):
         try:
-            obj = json.loads(raw)
-        except ValueError as e:
-            return bad("malformed_json", f"line {line} is not valid JSON: {e}")
+            obj = strict_json.loads(raw, f"JSON on line {line}")
+        except ConfigError as e:
+            return bad("malformed_json", str(e))
+    elif strict_json.depth(obj) > strict_json.MAX_DEPTH:
+        return bad("malformed_json", f"record {index}: nested deeper than "
+                                     f"{strict_json.MAX_DEPTH} levels")
     if not isinstance(obj, dict):
         return bad("malformed_json", f"line {line} is not a JSON object")
     rid = obj.get("id")

@@ -20,7 +20,7 @@ import queue
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Iterator
 
-from ..config import SpecConfig
+from ..config import SpecConfig, check_draft_model
 from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
@@ -169,5 +169,7 @@ class EngineRunner:
         from ..server.prepare import spec_override
 
         base = self.engine.spec
+        if b.speculative is not None:
+            check_draft_model(b.speculative.type, self.engine.draft_drafter is not None)
         cfg = base if b.speculative is None else spec_override(base, b.speculative)
         return cfg.enabled or self.engine.draft_drafter is not None, (None if cfg == base else cfg)

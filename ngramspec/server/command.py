@@ -114,13 +114,15 @@ def make_server(app, settings, verbose: bool, on_exit: Callable[[], None]):
     """A uvicorn.Server whose exit signal first stops the scheduler (see module doc)."""
     import uvicorn
 
+    from .protocol import Protocol
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame) -> None:
             on_exit()
             super().handle_exit(sig, frame)
 
     log_level = "error" if settings.log_disable else "info" if verbose else "warning"
-    config = uvicorn.Config(app, log_level=log_level, access_log=verbose,
+    config = uvicorn.Config(app, http=Protocol, log_level=log_level, access_log=verbose,
                             timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
                             timeout_keep_alive=max(1, settings.timeout))
     return Server(config)

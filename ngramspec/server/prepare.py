@@ -7,7 +7,6 @@ Client mistakes raise ConfigError / TokenError / APIError / ContextOverflow, whi
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, replace
 from typing import Any
@@ -18,7 +17,8 @@ from fastapi import Request
 from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
-from ..config import NGRAM_LIMIT, SpecConfig, parse_spec_types
+from .. import strict_json
+from ..config import NGRAM_LIMIT, SpecConfig, check_draft_model, parse_spec_types
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
@@ -100,9 +100,10 @@ def _speculation(state: ServerState, req: _Generation, request: Request) -> tupl
         elif v not in ON_VALUES:
             raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
     cfg = state.settings.spec
-    if req.speculative is not None:
-        cfg = spec_override(cfg, req.speculative)
     has_draft_model = state.engine.draft_drafter is not None
+    if req.speculative is not None:
+        check_draft_model(req.speculative.type, has_draft_model)
+        cfg = spec_override(cfg, req.speculative)
     on = on and (cfg.enabled or has_draft_model or req.prediction is not None)
     return on, (None if cfg == state.engine.spec else cfg)
 
@@ -272,12 +273,10 @@ async def parse_body(request: Request, model: type):
 
 
 async def read_json(request: Request) -> dict:
-    """The JSON object of the body (400 if it is not one, or holds a lone surrogate)."""
+    """The JSON object of the body: 400 if it is not one, holds a lone surrogate, a
+    non-finite number or nesting deeper than strict_json.MAX_DEPTH."""
     raw = await request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise APIError(f"malformed JSON body: {e}", "invalid_request_error") from None
+    data = strict_json.loads(raw, "JSON body") if raw.strip() else None
     if not isinstance(data, dict):
         raise APIError("the request body must be a JSON object", "invalid_request_error")
     if _SURROGATE_ESCAPE.search(raw):

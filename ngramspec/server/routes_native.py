@@ -24,8 +24,8 @@ public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key)])
 
 
-@public.get("/health")
-@public.get("/v1/health")
+@public.api_route("/health", methods=["GET", "HEAD"])
+@public.api_route("/v1/health", methods=["GET", "HEAD"])
 async def health(state: ServerState = Depends(ready_state)):
     return {"status": "ok"}
 

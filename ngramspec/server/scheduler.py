@@ -23,7 +23,9 @@ Invariants:
   the start of a turn, once their slot has no job (deferred while it has one,
   as llama-server).
 - An exception never kills the thread: a failing start fails that request, a
-  failing decode fails the requests in it; the slots are released.
+  failing decode fails the requests in it; the slots are released. An error of a
+  request's own input found while sampling (its grammar at a dead end or too
+  costly: engine StepOutput.error) fails that request alone; its neighbours go on.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ import numpy as np
 
 from ..config import SpecConfig
 from ..engine import Engine, SeqState, StepOutput
+from ..errors import NgramSpecError
 from ..generate import Generation, GenerationResponse
 from ..sampling import SamplingParams
 from .errors import APIError
@@ -318,6 +321,11 @@ class Scheduler:
     def _guard(self, slots: list[Slot], work: Callable[[], None]) -> None:
         try:
             work()
+        except NgramSpecError as e:  # the request's own input (its grammar): a 4xx
+            log.info("request failed: %s", e)
+            for s in slots:
+                if s.job is not None:
+                    self._fail(s, e)
         except Exception as e:
             log.exception("llama_decode failed")
             for s in slots:
@@ -345,7 +353,10 @@ class Scheduler:
         c.n_busy_slots += len(slots)
         for s, out in zip(slots, outs):
             c.count_step(out)
-            self._deliver(s, out)
+            if out.error is not None:  # this job's own input failed it (a grammar dead end)
+                self._fail(s, out.error)
+            else:
+                self._deliver(s, out)
 
     def _start(self, s: Slot) -> None:
         job = s.job

@@ -17,13 +17,12 @@ accepts the body and changes nothing, and so does this server.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from typing import Any
 
 from fastapi import APIRouter, Request
 
-from .. import slot_state
+from .. import slot_state, strict_json
 from .errors import APIError
 
 #: characters llama.cpp's fs_validate_filename refuses (besides control characters)
@@ -49,10 +48,7 @@ def context_shift(settings, req) -> tuple[int, int] | None:
 
 
 async def _filename(request: Request) -> str:
-    try:
-        body = json.loads(await request.body() or b"null")
-    except ValueError as e:
-        raise APIError(f"malformed JSON body: {e}") from None
+    body = strict_json.loads(await request.body() or b"null", "JSON body")
     name = body.get("filename") if isinstance(body, dict) else None
     if name is None:
         raise APIError("missing required field 'filename'")

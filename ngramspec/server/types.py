@@ -2,7 +2,7 @@
 wrong types and out-of-range values are 400s through `errors.to_api_error`."""
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
@@ -10,6 +10,8 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
 #: more candidates per token than this is refused (llama-server clamps to the vocabulary;
 #: thousands of entries per generated token only make the response huge)
 MAX_N_PROBS = 1024
+#: llama-server reads integer fields as int32: a larger value is a 400, not a wrap-around
+Int32 = Annotated[StrictInt, Field(ge=-(1 << 31), le=(1 << 31) - 1)]
 SPEC_FIELDS = ("type", "n_max", "n_min", "p_min", "ngram_size_n", "ngram_size_m", "ngram_min_hits")
 
 
@@ -18,12 +20,12 @@ class SpeculativeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: StrictStr | None = None  # a spec type, a comma list, or "none"
-    n_max: StrictInt | None = None  # cap on draft length (clamped to >= 0)
-    n_min: StrictInt | None = None  # shorter drafts are dropped (clamped to [0, n_max])
+    n_max: Int32 | None = None  # cap on draft length (clamped to >= 0)
+    n_min: Int32 | None = None  # shorter drafts are dropped (clamped to [0, n_max])
     p_min: float | None = Field(None, ge=0.0, le=1.0)  # -md model: least top probability to draft
-    ngram_size_n: StrictInt | None = None  # key length (clamped to [1, 1024])
-    ngram_size_m: StrictInt | None = None  # drafted length (clamped to [1, 1024])
-    ngram_min_hits: StrictInt | None = None  # map-k/-k4v: key hits before drafting ([1, 65535])
+    ngram_size_n: Int32 | None = None  # key length (clamped to [1, 1024])
+    ngram_size_m: Int32 | None = None  # drafted length (clamped to [1, 1024])
+    ngram_min_hits: Int32 | None = None  # map-k/-k4v: key hits before drafting ([1, 65535])
 
 
 class Prediction(BaseModel):
@@ -53,12 +55,12 @@ class _Generation(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     temperature: float | None = None
-    top_k: StrictInt | None = Field(None, ge=0)
+    top_k: Int32 | None = Field(None, ge=0)
     top_p: float | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
-    repeat_last_n: StrictInt | None = Field(None, ge=-1)
-    seed: StrictInt | None = Field(None, ge=-1)
+    repeat_last_n: Int32 | None = Field(None, ge=-1)
+    seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     grammar: StrictStr | None = None
@@ -69,18 +71,18 @@ class _Generation(BaseModel):
     timings_per_token: StrictBool = False  # `timings` in every streamed chunk
     return_progress: StrictBool = False  # `prompt_progress` chunks while streaming
     verbose: StrictBool | None = None  # `__verbose` (the native result); default: --verbose
-    id_slot: StrictInt = Field(-1, ge=-1)  # run in this slot (modulo the slot count); -1: any
-    n_keep: StrictInt | None = Field(None, ge=-1)  # context shift: tokens kept (None: --keep)
-    n_discard: StrictInt = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
+    id_slot: Int32 = Field(-1, ge=-1)  # run in this slot (modulo the slot count); -1: any
+    n_keep: Int32 | None = Field(None, ge=-1)  # context shift: tokens kept (None: --keep)
+    n_discard: Int32 = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
     # [[token|string, bias|false], ...] or {"token id"|string: bias|false} (llama-server, OpenAI)
     logit_bias: list[Any] | dict[str, Any] | None = None
     ignore_eos: StrictBool = False  # bans every end-of-generation token (a -inf logit bias)
     # top-N probabilities of every generated token (0: none; clamped to the vocabulary)
-    n_probs: StrictInt | None = Field(None, ge=0, le=MAX_N_PROBS)
+    n_probs: Int32 | None = Field(None, ge=0, le=MAX_N_PROBS)
     post_sampling_probs: StrictBool = False  # probabilities after the sampler chain
     # independent choices, one job (slot) each: llama-server's `n_cmpl`, or OpenAI's `n`
-    n_cmpl: StrictInt | None = None
-    n: StrictInt | None = None
+    n_cmpl: Int32 | None = None
+    n: Int32 | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -124,7 +126,7 @@ class ResponseFormat(BaseModel):
 
 class _OpenAI(_Generation):
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = Field(None, ge=-1)
+    max_tokens: Int32 | None = Field(None, ge=-1)
     stream_options: StreamOptions | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None
@@ -154,19 +156,19 @@ class ChatCompletionRequest(_OpenAI):
     """POST /v1/chat/completions"""
 
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: StrictInt | None = Field(None, ge=-1)
+    max_completion_tokens: Int32 | None = Field(None, ge=-1)
     tools: list[Any] | None = None
     add_generation_prompt: StrictBool | None = None
     continue_final_message: StrictBool | None = None  # vLLM's name for the assistant prefill
     logprobs: StrictBool | None = None  # report probabilities (n_probs = top_logprobs or 20)
-    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs
+    top_logprobs: Int32 | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)  # needs logprobs
 
 
 class NativeCompletionRequest(_Generation):
     """POST /completion (llama.cpp native)"""
 
     prompt: Prompt
-    n_predict: StrictInt | None = Field(None, ge=-1)
+    n_predict: Int32 | None = Field(None, ge=-1)
     return_tokens: StrictBool = False
     response_fields: list[StrictStr] | None = None  # only these fields ('/' paths)
     response_format: ResponseFormat | None = None
