@@ -31,7 +31,7 @@ from .model import Context, _llama
 
 
 #: a grammar whose sampling of one token is estimated to cost more than this is refused
-GRAMMAR_MAX_SECONDS = 0.5
+GRAMMAR_MAX_SECONDS = 1.0
 GRAMMAR_PROBE_STRIDE = 128  # the estimate applies the grammar to every 128th token id
 GRAMMAR_DEAD_END = ("the grammar admits no continuation here: no token can follow the text "
                     "generated so far (check the grammar or JSON schema)")
@@ -122,6 +122,28 @@ def _candidates(ids: np.ndarray, logits: np.ndarray | float = 0.0) -> np.ndarray
     cand["id"] = ids
     cand["logit"] = logits
     return cand
+
+
+def _left(cur, cand: np.ndarray) -> np.ndarray:
+    """The candidates a sampler chain left in `cur`, which was built over `cand`: a view
+    of `cand` when the chain kept its buffer, else a copy (a sampler may point `data` at
+    memory of its own, which the next apply can free)."""
+    n = int(cur.size)
+    if ctypes.cast(cur.data, ctypes.c_void_p).value == cand.ctypes.data:
+        return cand[:n]
+    nbytes = n * TOKEN_DATA.itemsize
+    raw = np.ctypeslib.as_array(ctypes.cast(cur.data, ctypes.POINTER(ctypes.c_uint8)),
+                                shape=(nbytes,)) if nbytes else np.zeros(0, np.uint8)
+    return raw.view(TOKEN_DATA).copy()
+
+
+def _probe_cost(smpl, n_vocab: int, stride: int, extra: list[int]) -> tuple[float, bool]:
+    """(seconds a full apply of `smpl` would take, estimated from every `stride`-th token
+    id plus `extra`; whether any of those is admitted)."""
+    probe = np.union1d(np.arange(0, n_vocab, stride), np.asarray(extra, dtype=np.int64))
+    t0 = time.perf_counter()
+    admitted = _apply_alone(smpl, probe)
+    return (time.perf_counter() - t0) * n_vocab / len(probe), admitted
 
 
 def _apply_alone(smpl, ids: np.ndarray) -> bool:
@@ -222,21 +244,21 @@ class Sampler:
 
         Applying a grammar has no side effect, so it is applied alone to every
         GRAMMAR_PROBE_STRIDE-th token id (and the EOG tokens): the time, scaled to the
-        vocabulary, estimates the full apply; over GRAMMAR_MAX_SECONDS the request is
-        refused (a grammar with thousands of alternatives costs seconds per token, and
-        every slot waits for it). At `start`, a grammar that admits no first token at
-        all is refused too (checked on the whole vocabulary when the sample admits none)."""
-        n = self.ctx.n_vocab
-        probe = np.union1d(np.arange(0, n, GRAMMAR_PROBE_STRIDE),
-                           np.asarray(self.ctx.model.eog_tokens(), dtype=np.int64))
-        g = self._grammar_sampler()
-        t0 = time.perf_counter()
-        admitted = _apply_alone(g, probe)
-        est = (time.perf_counter() - t0) * n / len(probe)
+        vocabulary, estimates the full apply. Timing noise only adds, so the estimate is
+        the better of two probes, and one over GRAMMAR_MAX_SECONDS is confirmed on a
+        probe 8 times larger before the request is refused (a grammar with thousands of
+        alternatives costs seconds per token, and every slot waits for it). At `start`,
+        a grammar that admits no first token at all is refused too (checked on the whole
+        vocabulary when the probe admits none)."""
+        g, n = self._grammar_sampler(), self.ctx.n_vocab
+        eog = self.ctx.model.eog_tokens()
+        (est, admitted), _ = sorted(_probe_cost(g, n, GRAMMAR_PROBE_STRIDE, eog) for _ in range(2))
+        if est > GRAMMAR_MAX_SECONDS:
+            est, admitted = _probe_cost(g, n, GRAMMAR_PROBE_STRIDE // 8, eog)
         if est > GRAMMAR_MAX_SECONDS:
             raise GrammarError(f"the grammar is too costly: sampling one token with it would take "
                                f"about {est:.1f} s over this model's {n}-token vocabulary (limit "
-                               f"{GRAMMAR_MAX_SECONDS} s); use fewer alternatives")
+                               f"{GRAMMAR_MAX_SECONDS:g} s); use fewer alternatives")
         if start and not admitted and not _apply_alone(g, np.arange(n)):
             raise GrammarError("the grammar admits no token: no text can start it (check the "
                                "grammar or JSON schema, e.g. an empty character range)")
@@ -257,9 +279,7 @@ class Sampler:
         cur = lc.llama_token_data_array(cand.ctypes.data_as(ctypes.POINTER(lc.llama_token_data)),
                                         n, -1, False)
         lc.llama_sampler_apply(self.chain, ctypes.byref(cur))
-        nbytes = cur.size * TOKEN_DATA.itemsize  # a sampler may point `data` elsewhere
-        left = np.ctypeslib.as_array(ctypes.cast(cur.data, ctypes.POINTER(ctypes.c_uint8)),
-                                     shape=(nbytes,)).view(TOKEN_DATA) if nbytes else cand[:0]
+        left = _left(cur, cand)
         sel = int(cur.selected)
         if not 0 <= sel < len(left) or not np.isfinite(left["logit"][sel]):
             raise GrammarError(GRAMMAR_DEAD_END)
