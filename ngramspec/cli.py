@@ -146,7 +146,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
     from .generate import stream_generate
     from .runtime import load_engine
-    from .stats import acceptance_line
+    from .stats import acceptance_line, calibration_line
 
     if verbose:
         ctx.obj["verbose"] = True
@@ -174,17 +174,27 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
             "content": "".join(pieces), "finish_reason": last.finish_reason,
             "timings": last.timings(), "tokens_per_step": last.tokens_per_step,
             "spec_type": ",".join(spec.types) or "none",
+            "calibration": _calibration_json(engine.calibration),
             "statistics": {k: v.as_dict() for k, v in stats.items()}}, indent=2))
         return
     sys.stdout.write("\n")
     err = err_console.file
     print(acceptance_line(last.draft_n_accepted, last.draft_n), file=err)
+    if engine.calibration is not None:
+        print(calibration_line(engine.calibration), file=err)
     for st in stats.values():
         print(st.line(), file=err)
     print(f"prompt: {last.prompt_tokens} tokens in {last.prompt_ms:.1f} ms; generated: "
           f"{last.generation_tokens} tokens in {last.predicted_ms:.1f} ms = "
           f"{last.predicted_per_second:.2f} tok/s; mean acceptance length "
           f"{last.tokens_per_step:.2f} tokens/step", file=err)
+
+
+def _calibration_json(cal) -> dict:
+    """`--json`'s calibration: seconds spent at start-up on the cost model, and how."""
+    if cal is None:
+        return {"seconds": 0.0, "source": "none"}
+    return {"seconds": round(cal.seconds, 4), "source": cal.source}
 
 
 # ------------------------------------------------------------------ bench

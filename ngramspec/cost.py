@@ -255,6 +255,24 @@ def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
 #: two verify sizes; contexts too small for one are not probed
 PROBES = ([Shape(0, 1, 1)], [Shape(0, 8, 8)], [Shape(0, 32, 32)])
 PROBE_TOLERANCE = 1.25
+PROBE_REPEATS = 2  # each probe's time is the best of this many decodes (noise only adds)
+
+Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The decode-cost model a run starts from, and how it was obtained.
+
+    source: "measured" (no usable cached curve: measured in full and cached, the only
+    case that writes the cache), "cache" (the probes agree with the cached curve), or
+    "cache+probes" (they do not: the cached curve refitted to the probes, for this run
+    only). `samples` are the probe decodes, which the run's CostTracker starts from."""
+
+    cost: DecodeCost
+    source: str
+    seconds: float  # wall time spent measuring (probes or the full calibration)
+    samples: tuple = ()
 
 
 def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
@@ -265,43 +283,59 @@ def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
     return DecodeCost.fit(samples, **layout)
 
 
-def _still_valid(cost: DecodeCost, measure: Callable[[Sequence[Shape]], float],
-                 n_ctx_seq: int, n_batch: int, pad: bool = True) -> bool:
-    """Spot-check a cached model: re-measure PROBES (best of 2) and keep it only if every
-    probe is within PROBE_TOLERANCE. A model fitted while the machine was busy, or
-    before a change of kernels or hardware, would otherwise steer every draft length
-    until the cache is deleted by hand."""
+def probe_samples(measure: Callable[[Sequence[Shape]], float], n_ctx_seq: int, n_batch: int,
+                  pad: bool = True) -> list[Sample]:
+    """PROBES that fit this context, each timed as the best of PROBE_REPEATS decodes."""
+    out = []
     for shapes in PROBES:
         if shapes[0].n_tokens >= n_ctx_seq or not fits_batch(shapes, n_batch, pad):
             continue
-        now, cached = min(measure(shapes) for _ in range(2)), cost.seconds(shapes)
-        if not (cached / PROBE_TOLERANCE <= now <= cached * PROBE_TOLERANCE):
-            return False
-    return True
+        out.append((shapes, min(measure(shapes) for _ in range(PROBE_REPEATS))))
+    return out
+
+
+def agrees(cost: DecodeCost, samples: Sequence[Sample]) -> bool:
+    """Whether every sample is within PROBE_TOLERANCE of the model's prediction."""
+    return all(cost.seconds(sh) / PROBE_TOLERANCE <= sec <= cost.seconds(sh) * PROBE_TOLERANCE
+               for sh, sec in samples)
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
                       n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False,
-                      n_batch: int = 512) -> DecodeCost:
-    """The cost model for `key` (model file + size + threads + kernels + KV layout):
-    from the cache when a spot check still agrees with it, else measured and cached.
-    Every decode measured fits n_batch (the context's batch capacity)."""
+                      n_batch: int = 512) -> Calibration:
+    """The cost model for `key` (model file + size + threads + kernels + KV layout).
+
+    Invariants: a cached curve is never re-measured on the caller's critical path,
+    whatever the probes say (timing noise made a blocking re-measurement flap and
+    cost more than the generation it was for): probes that disagree refit the curve
+    to themselves for this run (`CostTracker.refit`, the cache unchanged), and the run
+    refines it from its own decodes. Only a missing (or `refresh`ed) entry is measured
+    in full and written. Every decode measured fits n_batch."""
+    t0 = time.perf_counter()
     path = cache_path()
-    data: dict = {}
-    if path.exists():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            data = {}
+    data = _read_cache(path)
+    pad = layout.get("pad", True)
+    cached = None
     if not refresh and key in data:
         try:
             cached = DecodeCost(**data[key]["coef"], **layout)
         except (KeyError, TypeError, ValueError):
             cached = None
-        if cached is not None and _still_valid(cached, measure, n_ctx_seq, n_batch, layout.get("pad", True)):
-            return cached
+    if cached is not None:
+        samples = probe_samples(measure, n_ctx_seq, n_batch, pad)
+        if agrees(cached, samples):
+            return Calibration(cached, "cache", time.perf_counter() - t0, tuple(samples))
+        fitted = CostTracker(cached, samples).current
+        return Calibration(fitted, "cache+probes", time.perf_counter() - t0, tuple(samples))
     shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq, n_batch,
-                                layout.get("pad", True))
+                                pad)
     cost = calibrate(measure, layout, shapes)
     coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
     data[key] = {"coef": coef, "measured_at": time.time()}
@@ -310,4 +344,90 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
         path.write_text(json.dumps(data, indent=1))
     except OSError:
         pass  # a read-only home only costs a re-calibration next time
-    return cost
+    return Calibration(cost, "measured", time.perf_counter() - t0)
+
+
+class CostTracker:
+    """A run's decode-cost model, refined from the decodes the run makes.
+
+    Each observed decode (its entries, its seconds) is a measurement of the model.
+    Every REFIT_EVERY observations the coefficients are refitted by weighted least
+    squares on relative error over the window of recent decodes plus the prior curve's
+    own predictions for the calibration shapes (PRIOR_WEIGHT decodes' worth each):
+    recent decodes weigh more (half-life HALF_LIFE decodes), so a machine that becomes
+    slower or faster, or a prior measured under other conditions, is corrected within
+    the run, while a direction the decodes do not show (long drafts never tried) keeps
+    the prior's value. One pass of residual reweighting damps single preempted
+    decodes. Coefficients stay >= 0 with a positive per-ubatch cost (DecodeCost's
+    invariant)."""
+
+    WINDOW = 256
+    HALF_LIFE = 64.0
+    REFIT_EVERY = 16
+    PRIOR_WEIGHT = 0.05
+
+    def __init__(self, prior: DecodeCost, samples: Sequence[Sample] = ()):
+        self.prior = prior
+        self.current = prior
+        self._x: list[np.ndarray] = []
+        self._y: list[float] = []
+        self._since = 0
+        shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
+                                    prior.pad)
+        self._prior_x = np.array([prior.features(sh) for sh in shapes])
+        self._prior_y = self._prior_x @ prior.coef
+        for sh, sec in samples:
+            self._add(sh, sec)
+        if samples:
+            self.current = self.refit()
+
+    def _add(self, shapes: Sequence[Shape], seconds: float) -> None:
+        self._x.append(self.prior.features(shapes))
+        self._y.append(float(seconds))
+        if len(self._x) > self.WINDOW:
+            del self._x[0], self._y[0]
+
+    def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
+        """Record one decode; the (possibly refitted) current model."""
+        self._add(shapes, seconds)
+        self._since += 1
+        if self._since >= self.REFIT_EVERY:
+            self._since = 0
+            self.current = self.refit()
+        return self.current
+
+    def refit(self) -> DecodeCost:
+        """The weighted fit described in the class docstring."""
+        x = np.vstack([np.array(self._x), self._prior_x])
+        y = np.concatenate([self._y, self._prior_y])
+        age = np.arange(len(self._y))[::-1]
+        w = np.concatenate([0.5 ** (age / self.HALF_LIFE),
+                            np.full(len(self._prior_y), self.PRIOR_WEIGHT)]) / y ** 2
+        coef = _nonneg_lstsq(x, y, w)
+        r = np.abs(x @ coef - y) / y  # relative residuals: damp the far-off decodes, refit
+        mad = np.median(r[:len(self._y)]) + 1e-3
+        w = w * np.where(r > 4 * mad, 4 * mad / np.maximum(r, 1e-12), 1.0)
+        coef = _nonneg_lstsq(x, y, w)
+        p = self.prior
+        return DecodeCost(*[float(c) for c in coef], per_seq_streams=p.per_seq_streams,
+                          n_ubatch=p.n_ubatch, pad=p.pad, logit_quantum=p.logit_quantum)
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Weighted least squares with every coefficient >= 0 (a negative one leaves the
+    fit and it is solved again) and the first (per-ubatch) > 0."""
+    sw = np.sqrt(w)[:, None]
+    active = [bool(x[:, i].any()) for i in range(x.shape[1])]
+    coef = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        cols = [i for i in range(x.shape[1]) if active[i]]
+        sol, *_ = np.linalg.lstsq(x[:, cols] * sw, y * sw[:, 0], rcond=None)
+        coef[:] = 0
+        coef[cols] = sol
+        neg = [i for i in cols if coef[i] < 0 and i != 0]
+        if not neg:
+            break
+        for i in neg:
+            active[i] = False
+    coef[0] = max(coef[0], 1e-4)
+    return coef

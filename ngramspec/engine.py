@@ -44,14 +44,14 @@ Invariants (per sequence, after every step):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import planner
 from .config import SpecConfig
-from .cost import Shape
+from .cost import Calibration, Shape, load_or_calibrate
 from .draft_model import DraftModelDrafter
 from .drafters import DrafterChain, as_tokens
 from .drafters.chain import drafter_keys, make_drafter_for
@@ -161,6 +161,7 @@ class Engine:
         self.cache: dict[int, SlotCache] = {}
         self._scratch: dict[int, int] = {}  # calibration: scratch cells per sequence id
         self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
+        self.calibration: Calibration | None = None  # how the cost model was obtained
 
     def chain_for(self, cfg: SpecConfig) -> DrafterChain:
         """The (cached) chain for `cfg`, built from shared drafter instances.
@@ -348,9 +349,20 @@ class Engine:
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
-        rows = self.ctx.decode(entries) if entries else []
+        rows = self._timed_decode(entries)
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
+
+    def _timed_decode(self, entries: list) -> list[list[int]]:
+        """ctx.decode of a generation step; its time and shape go to the policy, whose
+        cost model learns from every step (policy.observe_decode)."""
+        if not entries:
+            return []
+        t0 = time.perf_counter()
+        rows = self.ctx.decode(entries)
+        dt = time.perf_counter() - t0
+        self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries], dt)
+        return rows
 
     def _checked_verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
         """`_verify`, except that an error of this sequence's own input (its grammar
@@ -472,9 +484,11 @@ class Engine:
             self.ctx.truncate(s.seq_id, s.n_kv)
         return dt
 
-    def calibrate(self, refresh: bool = False):
-        """The decode-cost model of this model, context layout and thread count (cached)."""
-        from .cost import load_or_calibrate
+    def calibrate(self, refresh: bool = False) -> Calibration:
+        """The decode-cost model of this model, context layout and thread count (cached;
+        cost.load_or_calibrate), also kept as `self.calibration` with the time it took
+        (its warm-up decode included)."""
+        t0 = time.perf_counter()
 
         p, c = self.model.path, self.ctx
         layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant,
@@ -485,8 +499,10 @@ class Engine:
         try:
             warm = min(8, c.n_batch - c.invariant)  # warm-up: first decodes allocate buffers
             self.measure_decode([Shape(0, warm, warm)])
-            return load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
-                                     c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
+            cal = load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
+                                    c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
+            self.calibration = replace(cal, seconds=time.perf_counter() - t0)
+            return self.calibration
         finally:
             for seq_id in self._scratch:
                 self.forget(seq_id)

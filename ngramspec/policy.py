@@ -23,11 +23,11 @@ token still comes from the target's sampler, so output never depends on it.
 """
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
-from .cost import MAX_DRAFT, AcceptanceStats, DecodeCost
+from .cost import MAX_DRAFT, AcceptanceStats, CostTracker, DecodeCost, Shape
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
 SEQ_PRIOR_WEIGHT = 0.3  # a new sequence starts from the drafter's global stats, scaled down
@@ -44,6 +44,9 @@ class DraftPolicy(Protocol):
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None: ...
 
+    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
+        """A generation decode of `shapes` took `seconds` (the cost model learns from it)."""
+
 
 class FixedPolicy:
     """llama.cpp: the first drafter's draft at its own length."""
@@ -57,6 +60,9 @@ class FixedPolicy:
         return DraftOptions(proposals=found) if found else NO_OPTIONS
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
+        pass
+
+    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
         pass
 
 
@@ -80,7 +86,8 @@ class CostPolicy:
     drafter proposes each step (they cost microseconds; a verify costs milliseconds)."""
 
     def __init__(self, cost: DecodeCost, compare_all: bool = False):
-        self.cost = cost
+        self.cost = cost  # the tracker's current model: refined from the run's decodes
+        self.tracker = CostTracker(cost)
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
         self.global_stats: dict[tuple[str, bool], AcceptanceStats] = {}  # (drafter, copying)
@@ -149,3 +156,7 @@ class CostPolicy:
             elif m > 0:  # all known tokens matched: censored at m
                 self._update(sp, d.name, m, m)
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
+
+    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
+        """Refine the cost model from a generation decode (CostTracker)."""
+        self.cost = self.tracker.observe(shapes, seconds)

@@ -12,6 +12,7 @@ from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
+from .stats import calibration_line
 from .twin import load_twin, repack_is_safe
 
 
@@ -112,5 +113,7 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
                                     p_min=draft_p_min, verbose=verbose)
     engine = Engine(model, ctx, spec, draft_drafter=dd)
     if spec.enabled and spec.policy == "cost":
-        engine.policy = CostPolicy(engine.calibrate(), compare_all=spec.auto)
+        cal = engine.calibrate()
+        notify(calibration_line(cal))
+        engine.policy = CostPolicy(cal.cost, compare_all=spec.auto)
     return engine

@@ -3,8 +3,12 @@
 Invariants:
 - Greedy with no grammar and no penalties uses numpy argmax on the logits (the
   same token llama.cpp's greedy sampler picks: the first maximum).
-- Otherwise every token comes from `llama_sampler_sample`, which also *accepts*
-  the token into the chain (grammar state, penalty history, RNG). The verify
+- Otherwise every token comes from the llama.cpp sampler chain, which also
+  *accepts* the token into the chain (grammar state, penalty history, RNG). With
+  a grammar the chain is applied, the selected token checked (a token the grammar
+  rejected would make llama.cpp abort on accept), then accepted: a grammar with no
+  continuation raises GrammarError, and its cost per token is bounded
+  (`_guard_grammar`). The verify
   loop samples the drafted positions in order and stops at the first mismatch,
   so the chain only ever accepts tokens that are emitted: its state is exactly
   that of plain decoding, and no rollback of sampler state is needed.
@@ -191,7 +195,7 @@ class Sampler:
                 lc.llama_sampler_free(chain)
                 raise ConfigError("invalid grammar: llama.cpp could not parse the GBNF "
                                   "(check the rule named 'root' and the syntax)")
-            lc.llama_sampler_chain_add(chain, g)  # last so far: `_grammar` finds it there
+            lc.llama_sampler_chain_add(chain, g)  # `_grammar_sampler` finds it by this position
         if p.greedy:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
         else:

@@ -67,6 +67,17 @@ def acceptance_line(accepted: int, generated: int) -> str:
     return f"draft acceptance rate = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated)"
 
 
+CALIBRATION_SOURCES = {"cache": "cached curve, the probes agree",
+                       "cache+probes": "cached curve refitted to the probes for this run",
+                       "measured": "measured in full and cached"}
+
+
+def calibration_line(cal) -> str:
+    """The start-up time spent on the decode-cost model (cost.Calibration), and how."""
+    return (f"decode-cost calibration: {cal.seconds:.2f} s "
+            f"({CALIBRATION_SOURCES.get(cal.source, cal.source)})")
+
+
 def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
             draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0) -> dict:
     """llama.cpp's `timings` object (server-common.cpp): prompt_n counts the prompt
