@@ -221,10 +221,13 @@ def _calibration_json(cal) -> dict:
 @click.option("--n-docs", type=int, default=None, help="pipeline mode: use the first N documents")
 @click.option("--peer-types", default="ngram-mod,ngram-map-k4v,ngram-simple,ngram-map-k",
               show_default=True, help="pipeline mode: llama-server spec types to run")
+@click.option("--own-types", default="ngram-mod,ngram-simple", show_default=True,
+              help="pipeline mode: ngramspec's fixed spec types to run beside auto ('none': "
+                   "only off, auto and the oracle)")
 @click.pass_context
 def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
           reps, workloads, no_oracle, json_out, plot_path, llama_server, no_batch_invariance,
-          parallel, docs, n_docs, peer_types, verbose, **kw) -> None:
+          parallel, docs, n_docs, peer_types, own_types, verbose, **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
@@ -233,7 +236,7 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     """
     if parallel is not None:
         _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
-                        llama_server, peer_types, json_out)
+                        llama_server, peer_types, json_out, own_types)
         return
     from rich.progress import Progress
 
@@ -307,7 +310,7 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
 
 
 def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model, llama_server,
-                    peer_types, json_out) -> None:
+                    peer_types, json_out, own_types="none") -> None:
     from dataclasses import asdict
 
     from . import pipeline_bench as PB
@@ -321,9 +324,10 @@ def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
         raise ConfigError(f"--parallel takes slot counts >= 1, got {parallel!r}")
     documents = PB.load_documents(docs, n_docs)
     types = [t.strip() for t in peer_types.split(",") if t.strip()]
+    own = [t.strip() for t in own_types.split(",") if t.strip() and t.strip() != "none"]
     with err_console.status("pipeline benchmark ...") as status:
         rep = PB.run(documents, counts, n_predict, threads or default_threads(), ctx_size, model,
-                     llama_server, types, progress=lambda s: status.update(s))
+                     llama_server, types, progress=lambda s: status.update(s), own_types=own)
     _print_pipeline(rep, counts, len(documents), n_predict)
     if json_out:
         Path(json_out).write_text(json.dumps({"runs": [asdict(r) for r in rep.runs],
@@ -357,6 +361,9 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
         oracle = rep.get("ngramspec", "oracle", n)
         if oracle:
             line += f", {auto.tok_per_s / oracle.tok_per_s:.0%} of the oracle's tok/s"
+        fixed = rep.best_own_fixed(n)
+        if fixed:
+            line += f"; vs its best fixed type ({fixed.mode}) {auto.tok_per_s / fixed.tok_per_s:.2f}x"
         best = rep.best_peer(n)
         if best:
             line += f"; vs llama-server's best ({best.mode}) {auto.tok_per_s / best.tok_per_s:.2f}x"

@@ -252,27 +252,37 @@ def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
 
 
 #: decodes re-measured to check a cached model: the 1-token decode (every undrafted step) and
-#: two verify sizes; contexts too small for one are not probed
-PROBES = ([Shape(0, 1, 1)], [Shape(0, 8, 8)], [Shape(0, 32, 32)])
+#: an 8-token verify (cheap: a start-up pays for them; the run refines the rest); contexts
+#: too small for one are not probed
+PROBES = ([Shape(0, 1, 1)], [Shape(0, 8, 8)])
 PROBE_TOLERANCE = 1.25
 PROBE_REPEATS = 2  # each probe's time is the best of this many decodes (noise only adds)
 
 Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
 
 
+#: the curve measured for Gemma 3 270M Q4_K_M on 2 cores (AVX-512), one stream: the prior
+#: of a model that has no cached curve yet, refitted at once to that model's probes
+DEFAULT_COEF = {"per_ubatch": 0.0092, "per_token": 0.0015, "per_logit": 0.0017,
+                "per_kv": 0.0012, "per_odd": 0.020, "per_multi": 0.0085}
+
+
 @dataclass(frozen=True)
 class Calibration:
     """The decode-cost model a run starts from, and how it was obtained.
 
-    source: "measured" (no usable cached curve: measured in full and cached, the only
-    case that writes the cache), "cache" (the probes agree with the cached curve), or
-    "cache+probes" (they do not: the cached curve refitted to the probes, for this run
-    only). `samples` are the probe decodes, which the run's CostTracker starts from."""
+    source: "cache" (the probes agree with the cached curve), "cache+probes" (they do
+    not: the cached curve refitted to the probes, for this run only), "default+probes"
+    (no cached curve: DEFAULT_COEF refitted to the probes; `save` then writes the
+    curve the run has learnt to the cache, once: CostPolicy calls it after
+    SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and cached).
+    `samples` are the probe decodes."""
 
     cost: DecodeCost
     source: str
     seconds: float  # wall time spent measuring (probes or the full calibration)
     samples: tuple = ()
+    save: Callable[[DecodeCost], None] | None = None
 
 
 def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
@@ -307,44 +317,62 @@ def _read_cache(path: Path) -> dict:
         return {}
 
 
+def save_curve(key: str, cost: DecodeCost, replace: bool = True) -> None:
+    """Write `cost` as the cached curve of `key` (with replace=False only if the cache
+    has none yet, e.g. another process wrote one meanwhile). A read-only cache folder
+    only costs the next run its default start."""
+    path = cache_path()
+    data = _read_cache(path)
+    if not replace and key in data:
+        return
+    coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
+    data[key] = {"coef": coef, "measured_at": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
                       n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False,
                       n_batch: int = 512) -> Calibration:
     """The cost model for `key` (model file + size + threads + kernels + KV layout).
 
-    Invariants: a cached curve is never re-measured on the caller's critical path,
-    whatever the probes say (timing noise made a blocking re-measurement flap and
-    cost more than the generation it was for): probes that disagree refit the curve
-    to themselves for this run (`CostTracker.refit`, the cache unchanged), and the run
-    refines it from its own decodes. Only a missing (or `refresh`ed) entry is measured
-    in full and written. Every decode measured fits n_batch."""
+    Invariants: nothing but the probes (PROBES, ~0.2 s) is measured on the caller's
+    critical path, whatever they say (a blocking re-measurement flapped on timing
+    noise and cost more than the generation it was for): probes that disagree with a
+    cached curve refit it for this run (the cache unchanged); with no cached curve
+    the default curve is refitted to them and the run's learnt curve is cached once
+    (`Calibration.save`). The run refines its curve from its own decodes
+    (CostTracker). Only `refresh` measures every calibration shape and rewrites the
+    entry. Every decode measured fits n_batch."""
     t0 = time.perf_counter()
-    path = cache_path()
-    data = _read_cache(path)
     pad = layout.get("pad", True)
+    if refresh:
+        shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq,
+                                    n_batch, pad)
+        cost = calibrate(measure, layout, shapes)
+        save_curve(key, cost)
+        return Calibration(cost, "measured", time.perf_counter() - t0)
     cached = None
-    if not refresh and key in data:
+    entry = _read_cache(cache_path()).get(key)
+    if entry is not None:
         try:
-            cached = DecodeCost(**data[key]["coef"], **layout)
+            cached = DecodeCost(**entry["coef"], **layout)
         except (KeyError, TypeError, ValueError):
             cached = None
-    if cached is not None:
-        samples = probe_samples(measure, n_ctx_seq, n_batch, pad)
-        if agrees(cached, samples):
-            return Calibration(cached, "cache", time.perf_counter() - t0, tuple(samples))
-        fitted = CostTracker(cached, samples).current
-        return Calibration(fitted, "cache+probes", time.perf_counter() - t0, tuple(samples))
-    shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq, n_batch,
-                                pad)
-    cost = calibrate(measure, layout, shapes)
-    coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
-    data[key] = {"coef": coef, "measured_at": time.time()}
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=1))
-    except OSError:
-        pass  # a read-only home only costs a re-calibration next time
-    return Calibration(cost, "measured", time.perf_counter() - t0)
+    samples = tuple(probe_samples(measure, n_ctx_seq, n_batch, pad))
+    if cached is None:
+        fitted = CostTracker(DecodeCost(**DEFAULT_COEF, **layout), samples).current
+        return Calibration(fitted, "default+probes", time.perf_counter() - t0, samples,
+                           save=lambda cost: save_curve(key, cost, replace=False))
+    if agrees(cached, samples):
+        return Calibration(cached, "cache", time.perf_counter() - t0, samples)
+    fitted = CostTracker(cached, samples).current
+    return Calibration(fitted, "cache+probes", time.perf_counter() - t0, samples)
 
 
 class CostTracker:
@@ -365,31 +393,36 @@ class CostTracker:
     HALF_LIFE = 64.0
     REFIT_EVERY = 16
     PRIOR_WEIGHT = 0.05
+    PROBE_WEIGHT = 4.0  # a start-up probe (best of PROBE_REPEATS) counts as this many decodes
 
     def __init__(self, prior: DecodeCost, samples: Sequence[Sample] = ()):
         self.prior = prior
         self.current = prior
         self._x: list[np.ndarray] = []
         self._y: list[float] = []
+        self._k: list[float] = []  # per-sample weight
         self._since = 0
+        self.n_observed = 0  # decodes observed (probe samples not counted)
         shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
                                     prior.pad)
         self._prior_x = np.array([prior.features(sh) for sh in shapes])
         self._prior_y = self._prior_x @ prior.coef
-        for sh, sec in samples:
-            self._add(sh, sec)
+        for sh, sec in samples:  # deliberate best-of measurements: they weigh more
+            self._add(sh, sec, self.PROBE_WEIGHT)
         if samples:
             self.current = self.refit()
 
-    def _add(self, shapes: Sequence[Shape], seconds: float) -> None:
+    def _add(self, shapes: Sequence[Shape], seconds: float, weight: float = 1.0) -> None:
         self._x.append(self.prior.features(shapes))
         self._y.append(float(seconds))
+        self._k.append(weight)
         if len(self._x) > self.WINDOW:
-            del self._x[0], self._y[0]
+            del self._x[0], self._y[0], self._k[0]
 
     def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
         """Record one decode; the (possibly refitted) current model."""
         self._add(shapes, seconds)
+        self.n_observed += 1
         self._since += 1
         if self._since >= self.REFIT_EVERY:
             self._since = 0
@@ -401,7 +434,7 @@ class CostTracker:
         x = np.vstack([np.array(self._x), self._prior_x])
         y = np.concatenate([self._y, self._prior_y])
         age = np.arange(len(self._y))[::-1]
-        w = np.concatenate([0.5 ** (age / self.HALF_LIFE),
+        w = np.concatenate([np.array(self._k) * 0.5 ** (age / self.HALF_LIFE),
                             np.full(len(self._prior_y), self.PRIOR_WEIGHT)]) / y ** 2
         coef = _nonneg_lstsq(x, y, w)
         r = np.abs(x @ coef - y) / y  # relative residuals: damp the far-off decodes, refit

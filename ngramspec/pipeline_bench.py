@@ -233,21 +233,28 @@ class PipelineReport:
                  and r.mode != "off"]
         return max(peers, key=lambda r: r.tok_per_s) if peers else None
 
+    def best_own_fixed(self, slots: int) -> RunResult | None:
+        """ngramspec's fastest fixed spec type at this slot count (not off/auto/oracle)."""
+        own = [r for r in self.runs if r.server == "ngramspec" and r.slots == slots
+               and r.mode not in ("off", "auto", "oracle")]
+        return max(own, key=lambda r: r.tok_per_s) if own else None
+
     def identical(self, a: RunResult, b: RunResult) -> int:
         return sum(a.outputs.get(d) == b.outputs.get(d) for d in a.outputs)
 
 
 def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threads: int,
         slot_ctx: int, model: str | None, llama_server: str | None, peer_types: Sequence[str],
-        progress: Callable[[str], None] = lambda s: None) -> PipelineReport:
-    """ngramspec (off, auto and the oracle: what perfect drafts give at that slot count)
-    and llama-server (none + each of `peer_types`) at every slot count, one server at a
-    time."""
+        progress: Callable[[str], None] = lambda s: None,
+        own_types: Sequence[str] = ()) -> PipelineReport:
+    """ngramspec (off, auto, each of `own_types` as a fixed type, and the oracle: what
+    perfect drafts give at that slot count) and llama-server (none + each of
+    `peer_types`) at every slot count, one server at a time."""
     from .model import default_model_path
 
     rep = PipelineReport()
     for n in parallel:
-        modes = ["off", "auto", "oracle"]
+        modes = ["off", "auto", *own_types, "oracle"]
         checks = prompt_checks if n == 1 else None
         res, chk = run_ngramspec(docs, n, modes, n_predict, threads, slot_ctx, model, progress,
                                  checks)

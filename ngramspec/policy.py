@@ -23,7 +23,7 @@ token still comes from the target's sampler, so output never depends on it.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -85,9 +85,14 @@ class CostPolicy:
     (planner.py) weighs them against the decode cost. With compare_all (auto) every
     drafter proposes each step (they cost microseconds; a verify costs milliseconds)."""
 
-    def __init__(self, cost: DecodeCost, compare_all: bool = False):
+    #: decodes after which a curve learnt from a default start is cached (`save`)
+    SAVE_AFTER = 128
+
+    def __init__(self, cost: DecodeCost, compare_all: bool = False,
+                 save: Callable[[DecodeCost], None] | None = None):
         self.cost = cost  # the tracker's current model: refined from the run's decodes
         self.tracker = CostTracker(cost)
+        self._save = save
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
         self.global_stats: dict[tuple[str, bool], AcceptanceStats] = {}  # (drafter, copying)
@@ -158,5 +163,9 @@ class CostPolicy:
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
-        """Refine the cost model from a generation decode (CostTracker)."""
+        """Refine the cost model from a generation decode (CostTracker); once, after
+        SAVE_AFTER decodes, hand the learnt curve to `save` (cost.Calibration.save)."""
         self.cost = self.tracker.observe(shapes, seconds)
+        if self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER:
+            save, self._save = self._save, None
+            save(self.cost)

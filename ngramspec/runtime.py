@@ -115,5 +115,5 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     if spec.enabled and spec.policy == "cost":
         cal = engine.calibrate()
         notify(calibration_line(cal))
-        engine.policy = CostPolicy(cal.cost, compare_all=spec.auto)
+        engine.policy = CostPolicy(cal.cost, compare_all=spec.auto, save=cal.save)
     return engine

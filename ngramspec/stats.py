@@ -69,6 +69,8 @@ def acceptance_line(accepted: int, generated: int) -> str:
 
 CALIBRATION_SOURCES = {"cache": "cached curve, the probes agree",
                        "cache+probes": "cached curve refitted to the probes for this run",
+                       "default+probes": "no cached curve yet: the default refitted to the "
+                                         "probes, learnt from this run's decodes",
                        "measured": "measured in full and cached"}
 
 

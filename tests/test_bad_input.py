@@ -265,8 +265,9 @@ def test_dead_end_mid_stream_is_an_error_event(http):
 
 
 def test_neighbours_keep_generating(server, http, reference):
-    """A hostile request beside a long greedy one: the neighbour's answer is whole and
-    unchanged (a grammar dead end fails its own sequence only)."""
+    """Hostile requests beside a long greedy one: the neighbour's answer is whole and
+    unchanged (a grammar dead end fails its own sequence only; a costly grammar is
+    refused after one probe of its cost)."""
     got = {}
 
     def neighbour():
@@ -275,8 +276,8 @@ def test_neighbours_keep_generating(server, http, reference):
 
     t = threading.Thread(target=neighbour)
     t.start()
-    for _ in range(4):
-        assert_error_shape(http.post("/completion", json=native(grammar=DEAD_LATER,
+    for grammar in (DEAD_LATER, COSTLY, DEAD_LATER, COSTLY):
+        assert_error_shape(http.post("/completion", json=native(grammar=grammar,
                                                                 n_predict=8)))
     t.join()
     assert got["r"].status_code == 200 and got["r"].json()["content"] == reference
