@@ -12,7 +12,6 @@ from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
-from .stats import calibration_line
 from .twin import load_twin, repack_is_safe
 
 
@@ -114,6 +113,5 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     engine = Engine(model, ctx, spec, draft_drafter=dd)
     if spec.enabled and spec.policy == "cost":
         cal = engine.calibrate()
-        notify(calibration_line(cal))
         engine.policy = CostPolicy(cal.cost, compare_all=spec.auto, save=cal.save)
     return engine

@@ -34,8 +34,8 @@ def test_oversized_decode_raises_before_touching_the_batch(model, threads):
 @pytest.mark.parametrize("invariant,n_batch", [(True, 16), (False, 16), (False, 1)])
 def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, threads, tmp_path,
                                                         monkeypatch):
-    """The router preset's flags (-c 1024 -b 16 -np 1), with an empty cost cache so
-    calibration runs every measurement (it used to crash only then); -b 1 too."""
+    """The router preset's flags (-c 1024 -b 16 -np 1): start-up probes, then a full
+    calibration that runs every measurement (it used to crash only then); -b 1 too."""
     from ngramspec.config import SpecConfig
     from ngramspec.runtime import LoadOptions, load_engine
 
@@ -46,6 +46,8 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
                          batch_invariant=invariant, options=LoadOptions(n_batch=n_batch))
     try:
         assert isinstance(engine.policy, CostPolicy)
+        assert engine.calibration.source == "default+probes"  # start-up: the probes only
+        assert engine.calibrate(refresh=True).source == "measured"  # every measurement
         assert (tmp_path / "decode_cost.json").is_file()
         assert engine.ctx.n_batch == (64 if invariant else n_batch)
     finally:

@@ -26,6 +26,7 @@ from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
 from ..server.chat import chat_prompt
 from ..server.scheduler import Event, Job, Scheduler
+from ..stats import calibration_line
 from .records import BadRecord, Record
 from .results import BatchResult
 from .speed import SpeedStats, StepTimer
@@ -76,8 +77,10 @@ class EngineRunner:
         self.scheduler.shutdown()
 
     def describe(self) -> str:
+        cal = self.engine.calibration
         return (f"1 engine, {len(self.scheduler.slots)} slots, "
-                f"{self.engine.ctx.params.n_threads} thread(s)")
+                f"{self.engine.ctx.params.n_threads} thread(s)"
+                + (f"; {calibration_line(cal)}" if cal is not None else ""))
 
     def speed(self) -> SpeedStats:
         return self.timer.summary()

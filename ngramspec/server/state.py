@@ -16,6 +16,7 @@ from typing import Any, Callable
 from fastapi import Request
 
 from .. import synth
+from ..stats import calibration_line
 from .errors import APIError, loading_error
 from .scheduler import Scheduler
 from .settings import ServerSettings, load_options
@@ -62,9 +63,10 @@ class ServerState:
             sched.start()
             self.engine, self.scheduler = engine, sched
             self.ready = True
-            log.warning("ngramspec: model %s loaded; %d slots of %d tokens; speculation: %s",
+            log.warning("ngramspec: model %s loaded; %d slots of %d tokens; speculation: %s%s",
                         engine.model.path.name, s.n_parallel, self.n_ctx_slot,
-                        ",".join(s.spec.types) or "none")
+                        ",".join(s.spec.types) or "none",
+                        f"; {calibration_line(engine.calibration)}" if engine.calibration else "")
         except BaseException as e:  # reported by `serve`, which then exits non-zero
             self.load_error = e
             log.error("ngramspec: loading failed: %s", e)
