@@ -131,18 +131,7 @@ class DecodeCost:
             if np.linalg.matrix_rank(x[:, cols]) == len(cols):
                 break
             active[i] = False
-        coef = np.zeros(n)
-        for _ in range(n):
-            cols = [i for i in range(n) if active[i]]
-            sol, *_ = np.linalg.lstsq(x[:, cols], y, rcond=None)
-            coef[:] = 0
-            coef[cols] = sol
-            neg = [i for i in cols if coef[i] < 0 and i != 0]
-            if not neg:
-                break
-            for i in neg:
-                active[i] = False
-        coef[0] = max(coef[0], 1e-4)
+        coef = _nonneg_lstsq(x, y, np.ones(len(y)), active)
         return cls(*[float(c) for c in coef], **layout)
 
 
@@ -256,7 +245,7 @@ def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
 #: too small for one are not probed
 PROBES = ([Shape(0, 1, 1)], [Shape(0, 8, 8)])
 PROBE_TOLERANCE = 1.25
-PROBE_REPEATS = 2  # each probe's time is the best of this many decodes (noise only adds)
+PROBE_REPEATS = 1  # decodes per probe: the run refines the curve anyway, and each costs start-up
 
 Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
 
@@ -393,7 +382,7 @@ class CostTracker:
     HALF_LIFE = 64.0
     REFIT_EVERY = 16
     PRIOR_WEIGHT = 0.05
-    PROBE_WEIGHT = 4.0  # a start-up probe (best of PROBE_REPEATS) counts as this many decodes
+    PROBE_WEIGHT = 4.0  # a start-up probe counts as this many decodes
 
     def __init__(self, prior: DecodeCost, samples: Sequence[Sample] = ()):
         self.prior = prior
@@ -446,11 +435,15 @@ class CostTracker:
                           n_ubatch=p.n_ubatch, pad=p.pad, logit_quantum=p.logit_quantum)
 
 
-def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Weighted least squares with every coefficient >= 0 (a negative one leaves the
-    fit and it is solved again) and the first (per-ubatch) > 0."""
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
+                  active: list[bool] | None = None) -> np.ndarray:
+    """Weighted least squares over the `active` columns (default: every column some row
+    uses) with every coefficient >= 0 (a negative one leaves the fit and it is solved
+    again) and the first (per-ubatch) > 0."""
     sw = np.sqrt(w)[:, None]
-    active = [bool(x[:, i].any()) for i in range(x.shape[1])]
+    if active is None:
+        active = [bool(x[:, i].any()) for i in range(x.shape[1])]
+    active = list(active)
     coef = np.zeros(x.shape[1])
     for _ in range(x.shape[1]):
         cols = [i for i in range(x.shape[1]) if active[i]]

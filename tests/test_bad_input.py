@@ -82,6 +82,10 @@ def cases() -> list[tuple[str, str, str, bytes, dict]]:
         add(f"{ep}-dead-grammar-stream", path, make(grammar=DEAD, stream=True))
         add(f"{ep}-dead-later", path, make(grammar=DEAD_LATER, n_predict=4, max_tokens=4))
         add(f"{ep}-costly-grammar", path, make(grammar=COSTLY))
+        add(f"{ep}-dead-later-2-choices", path, make(grammar=DEAD_LATER, n_predict=4, max_tokens=4,
+                                                     n_cmpl=2, n=2))
+        add(f"{ep}-dead-later-spec-off", path, make(grammar=DEAD_LATER, n_predict=4, max_tokens=4,
+                                                    speculative={"type": "none"}))
         add(f"{ep}-bad-gbnf", path, make(grammar="root ::= ("))
         for i, schema in enumerate(IMPOSSIBLE):
             add(f"{ep}-impossible-schema-{i}", path, make(json_schema=schema))

@@ -184,7 +184,7 @@ def test_refresh_measures_in_full_and_rewrites(tmp_path, monkeypatch):
 
 
 def test_cached_curve_from_a_busy_machine_is_corrected_not_remeasured(tmp_path, monkeypatch):
-    """A curve recorded under heavy load: the probes (2 shapes, best of 2) disagree, so
+    """A curve recorded under heavy load: the probes (1 and 8 tokens) disagree, so
     the run refits the curve to them at once; nothing is measured beyond the probes and
     the cache is not rewritten (a re-measurement on the critical path flapped on noise)."""
     from ngramspec.cost import PROBES, PROBE_REPEATS, load_or_calibrate
