@@ -63,10 +63,11 @@ class ServerState:
             sched.start()
             self.engine, self.scheduler = engine, sched
             self.ready = True
+            cal = getattr(engine, "calibration", None)  # None: no cost policy (or a test's engine)
             log.warning("ngramspec: model %s loaded; %d slots of %d tokens; speculation: %s%s",
                         engine.model.path.name, s.n_parallel, self.n_ctx_slot,
                         ",".join(s.spec.types) or "none",
-                        f"; {calibration_line(engine.calibration)}" if engine.calibration else "")
+                        f"; {calibration_line(cal)}" if cal is not None else "")
         except BaseException as e:  # reported by `serve`, which then exits non-zero
             self.load_error = e
             log.error("ngramspec: loading failed: %s", e)
