@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .config import SPEC_TYPES, SpecConfig
+from .config import SPEC_TYPES, SpecConfig, uses_draft_model
 from .engine import Engine
 from .generate import generate
 from .oracle import OracleDrafter
@@ -70,7 +70,7 @@ def _drafter_seconds(engine: Engine) -> float:
     return sum(s.t_draft_us + s.t_accept_us + s.t_begin_us for s in engine.stats().values()) / 1e6
 
 
-def run_workload(make_engine: Callable[[SpecConfig, object], Engine], work: Workload,
+def run_workload(make_engine: Callable[[SpecConfig, object, bool], Engine], work: Workload,
                  modes: Sequence[str], spec: SpecConfig, n_predict: int, reps: int,
                  progress: Callable[[], None] = lambda: None) -> dict[str, ModeResult]:
     """Run every mode `reps` times on one workload; `off` first (it defines the truth)."""
@@ -106,13 +106,16 @@ def run_workload(make_engine: Callable[[SpecConfig, object], Engine], work: Work
 
 
 def _engine_for(make_engine, mode: str, spec: SpecConfig, truth, prompt_tokens) -> Engine:
+    """The engine of one mode: make_engine(config, extra drafter, whether -md drafts).
+    A draft-model type (draft-simple, ...) has no n-gram drafter of its own: its config
+    has no types, and the -md model drafts."""
     if mode == "off":
-        return make_engine(SpecConfig(types=()), None)
+        return make_engine(SpecConfig(types=()), None, False)
     if mode == "oracle":
         full = np.concatenate([prompt_tokens, np.asarray(truth, dtype=np.int32)])
         return make_engine(SpecConfig(types=(), draft_max=spec.draft_max, policy=spec.policy),
-                           OracleDrafter(full))
-    return make_engine(spec.with_types(mode), None)
+                           OracleDrafter(full), False)
+    return make_engine(spec.with_types(mode), None, uses_draft_model(mode))
 
 
 def run_peer(binary: str, model_path: str, work: Workload, spec_types: Sequence[str],

@@ -241,7 +241,7 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     from rich.progress import Progress
 
     from . import bench as B
-    from .config import parse_spec_types
+    from .config import check_draft_model, parse_spec_types
     from .engine import Engine
     from .policy import CostPolicy
     from .runtime import load_engine
@@ -252,6 +252,7 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
     for t in mode_types:
         parse_spec_types(t)  # each mode is validated on its own
+        check_draft_model(t, model_draft is not None)
     spec = flags.spec_from_values(kw, model_draft)
     options = flags.load_options(kw)
     if reps < 1 or n_predict < 1:
@@ -276,10 +277,10 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     m, context, cost = base.model, base.ctx, base.policy.cost
     threads = context.params.n_threads
 
-    def make_engine(cfg, extra):
+    def make_engine(cfg, extra, draft_model):
         context.clear()
         policy = CostPolicy(cost, compare_all=cfg.auto) if cfg.policy == "cost" else None
-        if extra is None and cfg.enabled:
+        if extra is None and (cfg.enabled or draft_model):
             extra = base.draft_drafter  # -md drafts after the n-gram chain, as in generate
         return Engine(m, context, cfg, draft_drafter=extra, policy=policy)
 

@@ -110,3 +110,23 @@ def test_generate_json_output_and_prompt_over_context():
     r = CliRunner().invoke(main, ["generate", "-p", "word " * 600, "-c", "256", "-t", "2"], obj={})
     assert r.exit_code != 0 and "raise -c/--ctx-size" in r.output
     assert "Traceback" not in r.output
+
+
+@pytest.mark.model
+def test_bench_draft_model_type_measures_the_draft_model(tmp_path):
+    """`bench --spec-type draft-simple -md X` runs the draft model (it used to measure
+    spec-off: the draft type adds no n-gram drafter, so no drafter was attached), and
+    its output equals spec-off's; without -md it is refused with one line."""
+    from ngramspec.model import default_model_path
+
+    prompt = tmp_path / "p.txt"
+    prompt.write_text("Write a short story about a lighthouse keeper.")
+    out = tmp_path / "b.json"
+    r = run("bench", "--spec-type", "draft-simple", "-md", str(default_model_path()), "-n", "12",
+            "--reps", "1", "--workloads", "none", "--no-oracle", "-c", "1024", "--json-out",
+            str(out), str(prompt))
+    assert r.exit_code == 0, r.output
+    modes = json.loads(out.read_text())["workloads"]["p"]
+    assert modes["draft-simple"]["drafted"] > 0 and modes["draft-simple"]["exact"]
+    bad = run("bench", "--spec-type", "draft-simple", "-n", "4", "--workloads", "none", str(prompt))
+    assert bad.exit_code == 2 and "-md" in bad.output
