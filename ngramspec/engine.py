@@ -222,7 +222,7 @@ class Engine:
             n_predict = n_ctx - len(prompt) if n_predict is None or n_predict < 0 else n_predict
             n_predict = min(n_predict, n_ctx - len(prompt))
         cfg = self.spec if spec is None else spec
-        sampler = Sampler(self.ctx, sampling)
+        sampler = Sampler(self.ctx, sampling, prompt)
         st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
                       tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
         st.t_start = time.perf_counter()

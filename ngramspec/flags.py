@@ -221,7 +221,11 @@ _FLAGS: list[Flag] = [
     Flag(("--repeat-penalty",), "repeat_penalty", _S, float, 1.0, commands=GEN,
          help="penalty for repeated tokens (1.0: off)"),
     Flag(("--repeat-last-n",), "repeat_last_n", _S, int, 64, commands=GEN,
-         help="tokens the repeat penalty looks back over"),
+         help="tokens the repeat, frequency and presence penalties look back over"),
+    Flag(("--frequency-penalty",), "frequency_penalty", _S, float, 0.0, commands=GEN,
+         help="OpenAI's frequency penalty, -2..2 (0.0: off)"),
+    Flag(("--presence-penalty",), "presence_penalty", _S, float, 0.0, commands=GEN,
+         help="OpenAI's presence penalty, -2..2 (0.0: off)"),
     Flag(("-s", "--seed"), "seed", _S, int, -1, commands=GEN, help="RNG seed (-1: random)"),
     Flag(("--grammar",), "grammar", _S, commands=GEN, help="GBNF grammar constraining the output"),
     Flag(("--grammar-file",), "grammar_file", _S, click.Path(dir_okay=False), commands=GEN,
@@ -438,8 +442,8 @@ _FLAGS += _accepted(
 _FLAGS += _accepted(
     "ignored", "this sampler setting is not supported as a server default",
     "--samplers=", "--sampler-seq --sampling-seq=", "--ignore-eos", "--top-nsigma --top-n-sigma=",
-    "--xtc-probability=", "--xtc-threshold=", "--typical --typical-p=", "--presence-penalty=",
-    "--frequency-penalty=", "--dry-multiplier=", "--dry-base=", "--dry-allowed-length=",
+    "--xtc-probability=", "--xtc-threshold=", "--typical --typical-p=",
+    "--dry-multiplier=", "--dry-base=", "--dry-allowed-length=",
     "--dry-penalty-last-n=", "--dry-sequence-breaker=", "--adaptive-target=", "--adaptive-decay=",
     "--dynatemp-range=", "--dynatemp-exp=", "--mirostat=", "--mirostat-lr=", "--mirostat-ent=",
     "-l --logit-bias=", "-r --reverse-prompt=", "-sp --special", "--spm-infill",
@@ -609,6 +613,8 @@ def sampling_from_values(kw: dict[str, Any]):
     return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
                           min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
                           repeat_last_n=kw.pop("repeat_last_n"),
+                          frequency_penalty=kw.pop("frequency_penalty"),
+                          presence_penalty=kw.pop("presence_penalty"),
                           seed=seed_or_random(seed), grammar=grammar)
 
 

@@ -27,6 +27,7 @@ import ctypes
 import math
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 
@@ -55,6 +56,8 @@ class SamplingParams:
     min_p: float = 0.05
     repeat_penalty: float = 1.0
     repeat_last_n: int = 64
+    frequency_penalty: float = 0.0  # OpenAI's: minus this times the token's count so far
+    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has occurred
     seed: int = RANDOM_SEED
     grammar: str | None = None  # GBNF
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
@@ -74,6 +77,10 @@ class SamplingParams:
                 or not math.isfinite(self.repeat_penalty)):
             raise ConfigError(f"--repeat-penalty must be a finite number > 0, got "
                               f"{self.repeat_penalty!r}")
+        for name, v in (("--frequency-penalty", self.frequency_penalty),
+                        ("--presence-penalty", self.presence_penalty)):
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise ConfigError(f"{name} must be between -2 and 2, got {v!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.n_probs, int) or self.n_probs < 0:
@@ -84,8 +91,15 @@ class SamplingParams:
         return self.temperature <= 0
 
     @property
+    def penalized(self) -> bool:
+        """Whether the chain holds llama.cpp's penalties sampler (repeat, frequency,
+        presence: one sampler, over the last repeat_last_n emitted tokens)."""
+        return (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    @property
     def plain_argmax(self) -> bool:
-        return (self.greedy and self.grammar is None and self.repeat_penalty == 1.0
+        return (self.greedy and self.grammar is None and not self.penalized
                 and not self.logit_bias and not self.ignore_eos)
 
     def biases(self, model) -> list[tuple[int, float]]:
@@ -164,12 +178,20 @@ def _apply_alone(smpl, ids: np.ndarray) -> bool:
 class Sampler:
     """Picks the token at a logits row of the last decode, for one sequence."""
 
-    def __init__(self, ctx: Context, params: SamplingParams):
+    def __init__(self, ctx: Context, params: SamplingParams, prompt: Sequence[int] = ()):
+        """`prompt`: the sequence's prompt tokens; the penalties sampler counts its last
+        repeat_last_n (as llama-server accepts the prompt into its sampler without the
+        grammar), so penalties apply to text the prompt already holds."""
         self.ctx, self.params = ctx, params
         self.chain = None
         self._probs: list[TokenProbs] = []
         if not params.plain_argmax:
             self.chain = self._build(ctx, params)
+        if params.penalized and params.repeat_last_n != 0 and len(prompt):
+            pen = _llama().llama_sampler_chain_get(self.chain, int(bool(params.biases(ctx.model))))
+            n = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
+            for tok in prompt[-n:]:
+                _llama().llama_sampler_accept(pen, int(tok))
         if params.grammar is not None:
             try:
                 self._guard_grammar(start=True)
@@ -186,9 +208,10 @@ class Sampler:
             arr = (lc.llama_logit_bias * len(biases))(*biases)
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(
                 ctx.n_vocab, len(biases), arr))
-        if p.repeat_penalty != 1.0:
+        if p.penalized:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
-                ctx.n_vocab, p.repeat_last_n, p.repeat_penalty, 0.0, 0.0))
+                ctx.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
+                p.presence_penalty))
         if p.grammar is not None:
             g = lc.llama_sampler_init_grammar(ctx.model.vocab, p.grammar.encode(), b"root")
             if not g:
@@ -240,7 +263,7 @@ class Sampler:
     def _grammar_sampler(self):
         """The chain's grammar sampler (added right after the bias and penalty samplers)."""
         lc, p = _llama(), self.params
-        i = int(bool(p.biases(self.ctx.model))) + int(p.repeat_penalty != 1.0)
+        i = int(bool(p.biases(self.ctx.model))) + int(p.penalized)
         return lc.llama_sampler_chain_get(self.chain, i)
 
     def _guard_grammar(self, start: bool = False) -> None:

@@ -96,6 +96,8 @@ def cases() -> list[tuple[str, str, str, bytes, dict]]:
         add(f"{ep}-stream-string", path, make(stream="yes"))
         add(f"{ep}-stop-number", path, make(stop=5))
         add(f"{ep}-n-zero", path, make(n=0))
+        add(f"{ep}-presence-penalty-3", path, make(presence_penalty=3))
+        add(f"{ep}-frequency-penalty-string", path, make(frequency_penalty="high"))
         add(f"{ep}-draft-type-without-md", path, make(speculative={"type": "draft-simple"}))
         add(f"{ep}-spec-type-unknown", path, make(speculative={"type": "ngram-bogus"}))
         add(f"{ep}-not-an-object", path, b"[1, 2]")

@@ -108,3 +108,21 @@ def test_sampled_post_sampling_probs_match_spec_off(model, make_engine):
         assert 0.0 < p.prob <= 1.0 and 1 <= len(p.top) <= 4
         assert p.token in [t for t, _ in p.top] or p.prob <= p.top[-1][1]
         assert sum(q for _, q in p.top) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
+def test_openai_penalties_apply_and_stay_exact(make_engine, field):
+    """presence/frequency penalties (llama.cpp's penalties sampler, which keeps the history
+    of emitted tokens) change the greedy output on a repeating prompt, and speculative
+    output equals spec-off output with them, greedy and with a fixed seed."""
+    prompt = "Repeat after me: " + "the cat sat on the mat, " * 8
+    plain = run(make_engine(OFF), prompt, SamplingParams(temperature=0.0), N, False)
+    greedy = SamplingParams(temperature=0.0, **{field: 1.5})
+    off = run(make_engine(OFF), prompt, greedy, N, False)
+    assert off.tokens != plain.tokens  # the penalty is applied, not ignored
+    assert run(make_engine(ON), prompt, greedy, N).tokens == off.tokens
+    seeded = SamplingParams(temperature=0.9, seed=7, **{field: 0.8})
+    s_off = run(make_engine(OFF), prompt, seeded, N, False)
+    assert run(make_engine(ON), prompt, seeded, N).tokens == s_off.tokens
+    with pytest.raises(Exception, match="between -2 and 2"):
+        SamplingParams(**{field: 2.5})

@@ -333,3 +333,16 @@ def test_cors_localhost_only():
     for o in ("http://evil.com", "http://notlocalhost", "http://localhost.evil.com", ""):
         assert allow_origin("localhost", o) is None
     assert allow_origin("https://a.example", "http://b.example") == "https://a.example"
+
+
+def test_penalties_are_reported_in_generation_settings(http):
+    """OpenAI's presence/frequency penalties reach the sampler and are reported as
+    llama-server reports them."""
+    body = {"prompt": "Repeat after me: " + "the cat sat on the mat, " * 8, "n_predict": 24,
+            "temperature": 0}
+    plain = http.post("/completion", json=body).json()
+    pen = http.post("/completion", json={**body, "presence_penalty": 1.5,
+                                         "frequency_penalty": 0.5}).json()
+    gs = pen["generation_settings"]
+    assert gs["presence_penalty"] == 1.5 and gs["frequency_penalty"] == 0.5
+    assert pen["content"] != plain["content"]

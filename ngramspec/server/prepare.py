@@ -145,6 +145,8 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           min_p=float(pick(req.min_p, d.min_p)),
                           repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
                           repeat_last_n=repeat_last_n,
+                          frequency_penalty=float(pick(req.frequency_penalty, d.frequency_penalty)),
+                          presence_penalty=float(pick(req.presence_penalty, d.presence_penalty)),
                           seed=seed_or_random(seed),
                           grammar=_grammar(req) or d.grammar,
                           **sampler_fields(state.engine.model, req),

@@ -47,6 +47,8 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
     return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
+            "frequency_penalty": sampling.frequency_penalty,
+            "presence_penalty": sampling.presence_penalty,
             "stop": stop, "max_tokens": n_predict, "stream": stream,
             "ignore_eos": sampling.ignore_eos, "logit_bias": logit_bias_json(biases),
             "grammar": sampling.grammar or "", "samplers": SAMPLERS,

@@ -59,6 +59,8 @@ class _Generation(BaseModel):
     top_p: float | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_last_n: Int32 | None = Field(None, ge=-1)
     seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
