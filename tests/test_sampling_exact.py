@@ -126,3 +126,30 @@ def test_openai_penalties_apply_and_stay_exact(make_engine, field):
     assert run(make_engine(ON), prompt, seeded, N).tokens == s_off.tokens
     with pytest.raises(Exception, match="between -2 and 2"):
         SamplingParams(**{field: 2.5})
+
+
+def test_penalties_at_four_slots_equal_one_slot_spec_off(make_engine):
+    """Four slots decoding together with speculation, each with its own penalties (two
+    greedy, two sampled with a seed): every output equals the same prompt alone, spec-off."""
+    prompts = [PROMPT, VARIED[1], "Repeat after me: " + "the cat sat on the mat, " * 8, VARIED[2]]
+    params = [SamplingParams(temperature=0.0, presence_penalty=0.7, frequency_penalty=0.3),
+              SamplingParams(temperature=0.8, seed=11, presence_penalty=0.5),
+              SamplingParams(temperature=0.0, frequency_penalty=1.0, repeat_penalty=1.1),
+              SamplingParams(temperature=0.9, seed=12, frequency_penalty=0.6)]
+    alone = [run(make_engine(OFF), p, sp, N, False).tokens for p, sp in zip(prompts, params)]
+    eng = make_engine(ON, n_seq=4, n_ctx=4 * 1024)
+    states = [eng.start(i, eng.model.tokenize(p), sp, N) for i, (p, sp) in
+              enumerate(zip(prompts, params))]
+    toks = []
+    for st in states:
+        first = None
+        while first is None:
+            first = eng.prefill(st)
+        toks.append(list(first.tokens))
+    while not all(st.done for st in states):
+        for i, out in enumerate(eng.step(states)):
+            toks[i].extend(out.tokens)
+    drafted = sum(st.draft_n for st in states)
+    for st in states:
+        eng.finish(st)
+    assert toks == alone and drafted > 0
