@@ -264,13 +264,11 @@ class Calibration:
     not: the cached curve refitted to the probes, for this run only), "default+probes"
     (no cached curve: DEFAULT_COEF refitted to the probes; `save` then writes the
     curve the run has learnt to the cache, once: CostPolicy calls it after
-    SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and cached).
-    `samples` are the probe decodes."""
+    SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and cached)."""
 
     cost: DecodeCost
     source: str
     seconds: float  # wall time spent measuring (probes or the full calibration)
-    samples: tuple = ()
     save: Callable[[DecodeCost], None] | None = None
 
 
@@ -353,15 +351,15 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
             cached = DecodeCost(**entry["coef"], **layout)
         except (KeyError, TypeError, ValueError):
             cached = None
-    samples = tuple(probe_samples(measure, n_ctx_seq, n_batch, pad))
+    samples = probe_samples(measure, n_ctx_seq, n_batch, pad)
     if cached is None:
         fitted = CostTracker(DecodeCost(**DEFAULT_COEF, **layout), samples).current
-        return Calibration(fitted, "default+probes", time.perf_counter() - t0, samples,
+        return Calibration(fitted, "default+probes", time.perf_counter() - t0,
                            save=lambda cost: save_curve(key, cost, replace=False))
     if agrees(cached, samples):
-        return Calibration(cached, "cache", time.perf_counter() - t0, samples)
+        return Calibration(cached, "cache", time.perf_counter() - t0)
     fitted = CostTracker(cached, samples).current
-    return Calibration(fitted, "cache+probes", time.perf_counter() - t0, samples)
+    return Calibration(fitted, "cache+probes", time.perf_counter() - t0)
 
 
 class CostTracker:

@@ -185,10 +185,11 @@ class Sampler:
         self.ctx, self.params = ctx, params
         self.chain = None
         self._probs: list[TokenProbs] = []
+        self._parts: dict[str, object] = {}  # "penalties", "grammar": samplers inside the chain
         if not params.plain_argmax:
-            self.chain = self._build(ctx, params)
-        if params.penalized and params.repeat_last_n != 0 and len(prompt):
-            pen = _llama().llama_sampler_chain_get(self.chain, int(bool(params.biases(ctx.model))))
+            self.chain, self._parts = self._build(ctx, params)
+        pen = self._parts.get("penalties")
+        if pen is not None and params.repeat_last_n != 0 and len(prompt):
             n = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
             for tok in prompt[-n:]:
                 _llama().llama_sampler_accept(pen, int(tok))
@@ -200,25 +201,30 @@ class Sampler:
                 raise
 
     @staticmethod
-    def _build(ctx: Context, p: SamplingParams):
+    def _build(ctx: Context, p: SamplingParams) -> tuple[object, dict[str, object]]:
+        """The chain, and its penalties and grammar samplers (owned by the chain: used
+        in place, to prime the penalties with the prompt and to probe the grammar)."""
         lc = _llama()
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
+        parts: dict[str, object] = {}
         biases = p.biases(ctx.model)
         if biases:
             arr = (lc.llama_logit_bias * len(biases))(*biases)
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(
                 ctx.n_vocab, len(biases), arr))
         if p.penalized:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_penalties(
+            parts["penalties"] = lc.llama_sampler_init_penalties(
                 ctx.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                p.presence_penalty))
+                p.presence_penalty)
+            lc.llama_sampler_chain_add(chain, parts["penalties"])
         if p.grammar is not None:
             g = lc.llama_sampler_init_grammar(ctx.model.vocab, p.grammar.encode(), b"root")
             if not g:
                 lc.llama_sampler_free(chain)
                 raise ConfigError("invalid grammar: llama.cpp could not parse the GBNF "
                                   "(check the rule named 'root' and the syntax)")
-            lc.llama_sampler_chain_add(chain, g)  # `_grammar_sampler` finds it by this position
+            lc.llama_sampler_chain_add(chain, g)
+            parts["grammar"] = g
         if p.greedy:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
         else:
@@ -228,7 +234,7 @@ class Sampler:
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(p.min_p, 1))
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(p.temperature))
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
-        return chain
+        return chain, parts
 
     def sample(self, index: int, ctx: Context | None = None) -> int:
         """Sample (and accept) the token for batch index `index` of the last decode of
@@ -260,12 +266,6 @@ class Sampler:
         out, self._probs = self._probs, []
         return out
 
-    def _grammar_sampler(self):
-        """The chain's grammar sampler (added right after the bias and penalty samplers)."""
-        lc, p = _llama(), self.params
-        i = int(bool(p.biases(self.ctx.model))) + int(p.penalized)
-        return lc.llama_sampler_chain_get(self.chain, i)
-
     def _guard_grammar(self, start: bool = False) -> None:
         """Bound what the grammar costs, before the chain applies it to a whole row.
 
@@ -279,7 +279,7 @@ class Sampler:
         token, and every slot waits for it). At `start`,
         a grammar that admits no first token at all is refused too (checked on the whole
         vocabulary when the probe admits none)."""
-        g, n = self._grammar_sampler(), self.ctx.n_vocab
+        g, n = self._parts["grammar"], self.ctx.n_vocab
         eog = self.ctx.model.eog_tokens()
         est, admitted = _probe_cost(g, n, GRAMMAR_PROBE_STRIDE, eog)
         if GRAMMAR_MAX_SECONDS < est < 3 * GRAMMAR_MAX_SECONDS:  # noise, or a close call
@@ -357,8 +357,11 @@ def schema_grammar(schema: dict | str) -> str:
     from . import strict_json
     from .schema_check import check_schema
 
-    parsed = strict_json.loads(schema, "JSON schema") if isinstance(schema, str) else schema
-    strict_json.check_depth(parsed, "JSON schema")
+    if isinstance(schema, str):
+        parsed = strict_json.loads(schema, "JSON schema")  # depth checked there
+    else:
+        parsed = schema
+        strict_json.check_depth(parsed, "JSON schema")
     check_schema(parsed)
     try:
         return json_schema_to_gbnf(json.dumps(parsed))

@@ -11,8 +11,10 @@ x86, repacked Q4_K weights go through a 4-column GEMM for the first 4*floor(n/4)
 a ubatch and a 1-column GEMV for the rest, and the two accumulate differently: exact
 only if every ubatch's row count is a multiple of 4.
 """
-import time, sys, numpy as np
-import ngramspec  # sets GGML_CPU_TILED_MM=0
+import time
+
+import numpy as np
+import ngramspec  # noqa: F401  (sets GGML_CPU_TILED_MM=0 before llama.cpp loads)
 from ngramspec.model import Model, Context, ContextParams
 threads = 2
 plain = Model(None, use_extra_bufts=False)

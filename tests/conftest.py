@@ -21,6 +21,15 @@ def pytest_sessionfinish(session, exitstatus):
 import pytest
 
 
+@pytest.fixture(scope="module")
+def http(server):
+    """An HTTP client of the module's `server` fixture (a live `ngramspec serve`)."""
+    import httpx
+
+    with httpx.Client(base_url=server.url, timeout=120) as c:
+        yield c
+
+
 @pytest.fixture(scope="session")
 def model():
     from ngramspec.model import Model

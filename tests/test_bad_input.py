@@ -162,12 +162,6 @@ def server(tmp_path_factory):
     sp.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
 GREEDY = {"prompt": "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n", "n_predict": 24,
           "temperature": 0}
 

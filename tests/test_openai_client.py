@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 
-import httpx
 import pytest
 
 pytestmark = pytest.mark.model
@@ -36,12 +35,6 @@ def oai(server):
     from openai import OpenAI
 
     return OpenAI(base_url=server.url + "/v1", api_key="none", timeout=120, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
 
 
 def test_chat_and_completions(oai):

@@ -14,6 +14,7 @@ import pytest
 from ngramspec import NgramModParams, SpecConfig
 from ngramspec.generate import GenerationResponse, TokenOutput, stream_generate
 from ngramspec.sampling import SamplingParams, json_grammar
+from together import run_together
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,18 +139,5 @@ def test_penalties_at_four_slots_equal_one_slot_spec_off(make_engine):
               SamplingParams(temperature=0.9, seed=12, frequency_penalty=0.6)]
     alone = [run(make_engine(OFF), p, sp, N, False).tokens for p, sp in zip(prompts, params)]
     eng = make_engine(ON, n_seq=4, n_ctx=4 * 1024)
-    states = [eng.start(i, eng.model.tokenize(p), sp, N) for i, (p, sp) in
-              enumerate(zip(prompts, params))]
-    toks = []
-    for st in states:
-        first = None
-        while first is None:
-            first = eng.prefill(st)
-        toks.append(list(first.tokens))
-    while not all(st.done for st in states):
-        for i, out in enumerate(eng.step(states)):
-            toks[i].extend(out.tokens)
-    drafted = sum(st.draft_n for st in states)
-    for st in states:
-        eng.finish(st)
-    assert toks == alone and drafted > 0
+    toks, states = run_together(eng, [eng.model.tokenize(p) for p in prompts], params, N)
+    assert toks == alone and sum(st.draft_n for st in states) > 0

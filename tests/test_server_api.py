@@ -27,12 +27,6 @@ def server():
     sp.stop()
 
 
-@pytest.fixture(scope="module")
-def http(server):
-    with httpx.Client(base_url=server.url, timeout=120) as c:
-        yield c
-
-
 def slot_idle(http) -> bool:
     return not any(s["is_processing"] for s in http.get("/slots").json())
 

@@ -17,6 +17,7 @@ from ngramspec.drafters import EMPTY
 from ngramspec.engine import Engine
 from ngramspec.model import Context, ContextParams
 from ngramspec.sampling import SamplingParams
+from together import run_together
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
@@ -50,24 +51,6 @@ class ScriptedOracle:
         pass
 
 
-def run_together(engine, prompts):
-    """Start every prompt in its own slot, step them together; (tokens, sampler) per slot."""
-    states = [engine.start(i, p, GREEDY, N) for i, p in enumerate(prompts)]
-    toks = []
-    for st in states:
-        first = None
-        while first is None:
-            first = engine.prefill(st)
-        toks.append(list(first.tokens))
-    while not all(st.done for st in states):
-        for i, out in enumerate(engine.step(states)):
-            toks[i].extend(out.tokens)
-    samplers = [st.sampler for st in states]
-    for st in states:
-        engine.finish(st)
-    return toks, samplers
-
-
 def test_eight_slots_give_every_row_the_logits_of_one_slot(model, threads, logit_log):
     docs = [d for d in documents(5, 6, 0) if len(model.tokenize(d.prompt)) < 1000 - N][:8]
     prompts = [model.tokenize(d.prompt) for d in docs]
@@ -76,19 +59,19 @@ def test_eight_slots_give_every_row_the_logits_of_one_slot(model, threads, logit
                  SpecConfig(types=()))
     ref_tokens, ref_hashes = [], []
     for p in prompts:
-        toks, (sampler,) = run_together(one, [p])
+        toks, (st,) = run_together(one, [p], [GREEDY], N)
         ref_tokens.append(toks[0])
-        ref_hashes.append(logit_log.pop(id(sampler)))
+        ref_hashes.append(logit_log.pop(id(st.sampler)))
     truth = {i: np.concatenate([p, np.asarray(t, dtype=np.int32)])
              for i, (p, t) in enumerate(zip(prompts, ref_tokens))}
     # every sequence verifies 0-3 tokens, rotating: [3, 2, 2, 2, ...] shapes and others
     oracle = ScriptedOracle(truth, lambda s, k: (s + k) % 4 if (s + k) % 3 else s % 3)
     ctx8 = Context(model, ContextParams(n_ctx=8 * 1024, n_seq_max=8, n_threads=threads))
     eight = Engine(model, ctx8, SpecConfig(types=()), draft_drafter=oracle)
-    toks, samplers = run_together(eight, prompts)
+    toks, states = run_together(eight, prompts, [GREEDY] * len(prompts), N)
     assert toks == ref_tokens
-    for d, sampler, want in zip(docs, samplers, ref_hashes):
-        got = logit_log[id(sampler)]
+    for d, st, want in zip(docs, states, ref_hashes):
+        got = logit_log[id(st.sampler)]
         first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), None)
         assert got == want, f"{d.id}: logits differ first at row {first} ({len(got)} vs {len(want)} rows)"
 

@@ -108,14 +108,13 @@ def _parse_one(index: int, line: int, raw: Any, owner: dict[str, int]) -> Record
         return BadRecord(index, line, rid, kind, message)
 
     obj = raw
-    if isinstance(raw, (str, bytes)):
-        try:
+    try:
+        if isinstance(raw, (str, bytes)):
             obj = strict_json.loads(raw, f"JSON on line {line}")
-        except ConfigError as e:
-            return bad("malformed_json", str(e))
-    elif strict_json.depth(obj) > strict_json.MAX_DEPTH:
-        return bad("malformed_json", f"record {index}: nested deeper than "
-                                     f"{strict_json.MAX_DEPTH} levels")
+        else:
+            strict_json.check_depth(raw, f"record on line {line}")
+    except ConfigError as e:
+        return bad("malformed_json", str(e))
     if not isinstance(obj, dict):
         return bad("malformed_json", f"line {line} is not a JSON object")
     rid = obj.get("id")

@@ -321,13 +321,11 @@ class Scheduler:
     def _guard(self, slots: list[Slot], work: Callable[[], None]) -> None:
         try:
             work()
-        except NgramSpecError as e:  # the request's own input (its grammar): a 4xx
-            log.info("request failed: %s", e)
-            for s in slots:
-                if s.job is not None:
-                    self._fail(s, e)
         except Exception as e:
-            log.exception("llama_decode failed")
+            if isinstance(e, NgramSpecError):  # the request's own input (its grammar): a 4xx
+                log.info("request failed: %s", e)
+            else:
+                log.exception("llama_decode failed")
             for s in slots:
                 if s.job is not None:
                     self._fail(s, e)

@@ -1,0 +1,21 @@
+"""Several sequences of one engine decoded together, as the scheduler runs its slots."""
+from __future__ import annotations
+
+
+def run_together(engine, prompts, samplings, n_predict):
+    """Prompt i (token ids) starts in slot i with samplings[i]; each prompt is prefilled,
+    then every sequence steps in the same decodes until all are done. Returns the tokens
+    per slot and the finished SeqStates (their samplers and draft counts)."""
+    states = [engine.start(i, p, sp, n_predict) for i, (p, sp) in enumerate(zip(prompts, samplings))]
+    toks = []
+    for st in states:
+        first = None
+        while first is None:
+            first = engine.prefill(st)
+        toks.append(list(first.tokens))
+    while not all(st.done for st in states):
+        for i, out in enumerate(engine.step(states)):
+            toks[i].extend(out.tokens)
+    for st in states:
+        engine.finish(st)
+    return toks, states
