@@ -37,6 +37,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import ubatch
+from .paths import cache_dir
 
 MAX_DRAFT = 64
 #: what `DecodeCost.features` counts per decode, in the order of `DecodeCost.coef`
@@ -200,14 +201,8 @@ def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple
 
 
 def cache_path() -> Path:
-    """$NGRAMSPEC_CACHE_DIR/decode_cost.json, else ngramspec/ in the user's cache folder.
-    (The test suite points the variable at a folder of its own: curves measured while
-    tests share the CPU must not steer a later benchmark.)"""
-    own = os.environ.get("NGRAMSPEC_CACHE_DIR")
-    if own:
-        return Path(own) / "decode_cost.json"
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "ngramspec" / "decode_cost.json"
+    """decode_cost.json in the cache folder (paths.cache_dir)."""
+    return cache_dir() / "decode_cost.json"
 
 
 def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
@@ -240,18 +235,11 @@ def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
     return sum(s.n_tokens + pad for s in shapes) <= n_batch
 
 
-#: decodes re-measured to check a cached model: the 1-token decode (every undrafted step) and
-#: an 8-token verify (cheap: a start-up pays for them; the run refines the rest); contexts
-#: too small for one are not probed
-PROBES = ([Shape(0, 1, 1)], [Shape(0, 8, 8)])
-PROBE_TOLERANCE = 1.25
-PROBE_REPEATS = 1  # decodes per probe: the run refines the curve anyway, and each costs start-up
-
 Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
 
 
 #: the curve measured for Gemma 3 270M Q4_K_M on 2 cores (AVX-512), one stream: the prior
-#: of a model that has no cached curve yet, refitted at once to that model's probes
+#: of a model that has no cached curve yet, refitted to the run's first decodes (CostTracker)
 DEFAULT_COEF = {"per_ubatch": 0.0092, "per_token": 0.0015, "per_logit": 0.0017,
                 "per_kv": 0.0012, "per_odd": 0.020, "per_multi": 0.0085}
 
@@ -260,15 +248,14 @@ DEFAULT_COEF = {"per_ubatch": 0.0092, "per_token": 0.0015, "per_logit": 0.0017,
 class Calibration:
     """The decode-cost model a run starts from, and how it was obtained.
 
-    source: "cache" (the probes agree with the cached curve), "cache+probes" (they do
-    not: the cached curve refitted to the probes, for this run only), "default+probes"
-    (no cached curve: DEFAULT_COEF refitted to the probes; `save` then writes the
-    curve the run has learnt to the cache, once: CostPolicy calls it after
-    SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and cached)."""
+    source: "cache" (the cached curve), "default" (no cached curve: DEFAULT_COEF;
+    `save` then writes the curve the run has learnt to the cache, once: CostPolicy
+    calls it after SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and
+    cached). Either way the run refines its curve from its own decodes (CostTracker)."""
 
     cost: DecodeCost
     source: str
-    seconds: float  # wall time spent measuring (probes or the full calibration)
+    seconds: float  # wall time spent on it (reading the cache, or measuring in full)
     save: Callable[[DecodeCost], None] | None = None
 
 
@@ -278,23 +265,6 @@ def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
     `repeats` runs: the least disturbed one)."""
     samples = [(sh, min(measure(sh) for _ in range(repeats))) for sh in shapes]
     return DecodeCost.fit(samples, **layout)
-
-
-def probe_samples(measure: Callable[[Sequence[Shape]], float], n_ctx_seq: int, n_batch: int,
-                  pad: bool = True) -> list[Sample]:
-    """PROBES that fit this context, each timed as the best of PROBE_REPEATS decodes."""
-    out = []
-    for shapes in PROBES:
-        if shapes[0].n_tokens >= n_ctx_seq or not fits_batch(shapes, n_batch, pad):
-            continue
-        out.append((shapes, min(measure(shapes) for _ in range(PROBE_REPEATS))))
-    return out
-
-
-def agrees(cost: DecodeCost, samples: Sequence[Sample]) -> bool:
-    """Whether every sample is within PROBE_TOLERANCE of the model's prediction."""
-    return all(cost.seconds(sh) / PROBE_TOLERANCE <= sec <= cost.seconds(sh) * PROBE_TOLERANCE
-               for sh, sec in samples)
 
 
 def _read_cache(path: Path) -> dict:
@@ -328,45 +298,37 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
                       n_batch: int = 512) -> Calibration:
     """The cost model for `key` (model file + size + threads + kernels + KV layout).
 
-    Invariants: nothing but the probes (PROBES, ~0.2 s) is measured on the caller's
-    critical path, whatever they say (a blocking re-measurement flapped on timing
-    noise and cost more than the generation it was for): probes that disagree with a
-    cached curve refit it for this run (the cache unchanged); with no cached curve
-    the default curve is refitted to them and the run's learnt curve is cached once
-    (`Calibration.save`). The run refines its curve from its own decodes
-    (CostTracker). Only `refresh` measures every calibration shape and rewrites the
-    entry. Every decode measured fits n_batch."""
+    Invariants: nothing is measured on the caller's critical path (a blocking
+    re-check flapped on timing noise and cost more than the generation it was for;
+    even two probe decodes cost a start-up 0.1-0.5 s on a busy 2-core machine): the
+    run starts from the cached curve, or from DEFAULT_COEF when none is cached (then
+    the curve the run learns is cached once, `Calibration.save`), and its own decodes
+    refine the curve within the run (CostTracker; its first refit after
+    CostTracker.FIRST_REFIT decodes). Only `refresh` measures every calibration shape
+    and rewrites the entry; every decode it measures fits n_batch."""
     t0 = time.perf_counter()
-    pad = layout.get("pad", True)
     if refresh:
         shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq,
-                                    n_batch, pad)
+                                    n_batch, layout.get("pad", True))
         cost = calibrate(measure, layout, shapes)
         save_curve(key, cost)
         return Calibration(cost, "measured", time.perf_counter() - t0)
-    cached = None
     entry = _read_cache(cache_path()).get(key)
     if entry is not None:
         try:
-            cached = DecodeCost(**entry["coef"], **layout)
+            return Calibration(DecodeCost(**entry["coef"], **layout), "cache",
+                               time.perf_counter() - t0)
         except (KeyError, TypeError, ValueError):
-            cached = None
-    samples = probe_samples(measure, n_ctx_seq, n_batch, pad)
-    if cached is None:
-        fitted = CostTracker(DecodeCost(**DEFAULT_COEF, **layout), samples).current
-        return Calibration(fitted, "default+probes", time.perf_counter() - t0,
-                           save=lambda cost: save_curve(key, cost, replace=False))
-    if agrees(cached, samples):
-        return Calibration(cached, "cache", time.perf_counter() - t0)
-    fitted = CostTracker(cached, samples).current
-    return Calibration(fitted, "cache+probes", time.perf_counter() - t0)
+            pass
+    return Calibration(DecodeCost(**DEFAULT_COEF, **layout), "default", time.perf_counter() - t0,
+                       save=lambda cost: save_curve(key, cost, replace=False))
 
 
 class CostTracker:
     """A run's decode-cost model, refined from the decodes the run makes.
 
     Each observed decode (its entries, its seconds) is a measurement of the model.
-    Every REFIT_EVERY observations the coefficients are refitted by weighted least
+    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are refitted by weighted least
     squares on relative error over the window of recent decodes plus the prior curve's
     own predictions for the calibration shapes (PRIOR_WEIGHT decodes' worth each):
     recent decodes weigh more (half-life HALF_LIFE decodes), so a machine that becomes
@@ -379,39 +341,30 @@ class CostTracker:
     WINDOW = 256
     HALF_LIFE = 64.0
     REFIT_EVERY = 16
+    FIRST_REFITS = (4, 8)  # early refits: a start-up measures nothing, the run corrects the prior
     PRIOR_WEIGHT = 0.05
-    PROBE_WEIGHT = 4.0  # a start-up probe counts as this many decodes
 
-    def __init__(self, prior: DecodeCost, samples: Sequence[Sample] = ()):
+    def __init__(self, prior: DecodeCost):
         self.prior = prior
         self.current = prior
         self._x: list[np.ndarray] = []
         self._y: list[float] = []
-        self._k: list[float] = []  # per-sample weight
         self._since = 0
-        self.n_observed = 0  # decodes observed (probe samples not counted)
+        self.n_observed = 0  # decodes observed
         shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
                                     prior.pad)
         self._prior_x = np.array([prior.features(sh) for sh in shapes])
         self._prior_y = self._prior_x @ prior.coef
-        for sh, sec in samples:  # deliberate best-of measurements: they weigh more
-            self._add(sh, sec, self.PROBE_WEIGHT)
-        if samples:
-            self.current = self.refit()
-
-    def _add(self, shapes: Sequence[Shape], seconds: float, weight: float = 1.0) -> None:
-        self._x.append(self.prior.features(shapes))
-        self._y.append(float(seconds))
-        self._k.append(weight)
-        if len(self._x) > self.WINDOW:
-            del self._x[0], self._y[0], self._k[0]
 
     def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
         """Record one decode; the (possibly refitted) current model."""
-        self._add(shapes, seconds)
+        self._x.append(self.prior.features(shapes))
+        self._y.append(float(seconds))
+        if len(self._x) > self.WINDOW:
+            del self._x[0], self._y[0]
         self.n_observed += 1
         self._since += 1
-        if self._since >= self.REFIT_EVERY:
+        if self._since >= self.REFIT_EVERY or self.n_observed in self.FIRST_REFITS:
             self._since = 0
             self.current = self.refit()
         return self.current
@@ -421,7 +374,7 @@ class CostTracker:
         x = np.vstack([np.array(self._x), self._prior_x])
         y = np.concatenate([self._y, self._prior_y])
         age = np.arange(len(self._y))[::-1]
-        w = np.concatenate([np.array(self._k) * 0.5 ** (age / self.HALF_LIFE),
+        w = np.concatenate([0.5 ** (age / self.HALF_LIFE),
                             np.full(len(self._prior_y), self.PRIOR_WEIGHT)]) / y ** 2
         coef = _nonneg_lstsq(x, y, w)
         r = np.abs(x @ coef - y) / y  # relative residuals: damp the far-off decodes, refit

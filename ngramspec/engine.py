@@ -486,10 +486,10 @@ class Engine:
 
     def calibrate(self, refresh: bool = False) -> Calibration:
         """The decode-cost model of this model, context layout and thread count (cached;
-        cost.load_or_calibrate), also kept as `self.calibration` with the time it took
-        (its warm-up decode included)."""
+        cost.load_or_calibrate), also kept as `self.calibration` with the time it took.
+        Decodes nothing unless `refresh` (then a warm-up decode first: the first decodes
+        allocate buffers)."""
         t0 = time.perf_counter()
-
         p, c = self.model.path, self.ctx
         layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant,
                   "logit_quantum": c.logit_quantum}
@@ -497,8 +497,9 @@ class Engine:
                f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v3")
         self._scratch = {}
         try:
-            warm = min(8, c.n_batch - c.invariant)  # warm-up: first decodes allocate buffers
-            self.measure_decode([Shape(0, warm, warm)])
+            if refresh:
+                warm = min(8, c.n_batch - c.invariant)
+                self.measure_decode([Shape(0, warm, warm)])
             cal = load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
                                     c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
             self.calibration = replace(cal, seconds=time.perf_counter() - t0)

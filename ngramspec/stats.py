@@ -67,10 +67,9 @@ def acceptance_line(accepted: int, generated: int) -> str:
     return f"draft acceptance rate = {rate:.5f} ({accepted:5d} accepted / {generated:5d} generated)"
 
 
-CALIBRATION_SOURCES = {"cache": "cached curve, the probes agree",
-                       "cache+probes": "cached curve refitted to the probes for this run",
-                       "default+probes": "no cached curve yet: the default refitted to the "
-                                         "probes, learnt from this run's decodes",
+CALIBRATION_SOURCES = {"cache": "cached curve, refined from this run's decodes",
+                       "default": "no cached curve yet: the default curve, learnt from this "
+                                  "run's decodes",
                        "measured": "measured in full and cached"}
 
 

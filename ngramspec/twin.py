@@ -56,14 +56,14 @@ def repack_is_safe(cpuinfo: str | None = None) -> bool:
     return "avx2" in flags and not any(f.startswith("amx") for f in flags)
 
 
-def load_twin(model: Model, **load) -> Model | None:
-    """The prefill twin of `model`: the same GGUF loaded with repacked weights
-    (`use_extra_bufts`), or None where this CPU cannot run them safely
+def load_twin(path: str | Path, **load) -> Model | None:
+    """The prefill twin of the model at `path`: the same GGUF loaded with repacked
+    weights (`use_extra_bufts`), or None where this CPU cannot run them safely
     (`repack_is_safe`). `load`: Model's other loading options (verbose, n_gpu_layers,
     load_mode)."""
     if not repack_is_safe():
         return None
-    return Model(model.path, use_extra_bufts=True, **load)
+    return Model(path, use_extra_bufts=True, **load)
 
 
 def twin_pads(n: int) -> int:

@@ -43,7 +43,7 @@ def twin_model(model):
     as `load_engine` uses it where the CPU allows (None elsewhere)."""
     from ngramspec.twin import load_twin
 
-    return load_twin(model)
+    return load_twin(model.path)
 
 
 @pytest.fixture(scope="session")

@@ -33,24 +33,27 @@ def test_passing_thread_raises_in_the_caller():
         fail()
 
 
-def test_load_engine_decodes_off_the_callers_thread(monkeypatch, threads):
+def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
+    """Whatever loading runs in llama.cpp (model loads, context creation, any decode)
+    runs on threads that have ended when load_engine returns."""
     from ngramspec.config import SpecConfig
-    from ngramspec.model import Context
+    from ngramspec.model import Context, Model
     from ngramspec.runtime import load_engine
 
-    decoders = set()
-    orig = Context._run
+    loaders = set()
 
-    def run(self, *a, **kw):
-        decoders.add(threading.current_thread())
-        return orig(self, *a, **kw)
+    def recorded(fn):
+        def call(self, *a, **kw):
+            loaders.add(threading.current_thread())
+            return fn(self, *a, **kw)
+        return call
 
-    monkeypatch.setattr(Context, "_run", run)
+    for cls, name in ((Model, "__init__"), (Context, "__init__"), (Context, "_run")):
+        monkeypatch.setattr(cls, name, recorded(getattr(cls, name)))
     engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=2)
     try:
-        assert decoders, "loading a cost-policy engine decodes (warm-up, calibration)"
-        assert threading.current_thread() not in decoders
-        assert not any(t.is_alive() for t in decoders)
+        assert loaders and threading.current_thread() not in loaders
+        assert not any(t.is_alive() for t in loaders)
     finally:
         engine.ctx.close()
         engine.model.close()

@@ -46,7 +46,7 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
                          batch_invariant=invariant, options=LoadOptions(n_batch=n_batch))
     try:
         assert isinstance(engine.policy, CostPolicy)
-        assert engine.calibration.source == "default+probes"  # start-up: the probes only
+        assert engine.calibration.source == "default"  # start-up: nothing measured
         assert engine.calibrate(refresh=True).source == "measured"  # every measurement
         assert (tmp_path / "decode_cost.json").is_file()
         assert engine.ctx.n_batch == (64 if invariant else n_batch)
