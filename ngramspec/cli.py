@@ -22,6 +22,11 @@ from .console import err_console, out_console
 from .errors import ConfigError, NgramSpecError, TokenError
 
 
+#: engines of one-shot commands, kept until the process ends so that the OS takes their
+#: memory back instead of llama.cpp's frees (~0.2 s; model._at_exit)
+_HELD_TILL_EXIT: list = []
+
+
 class CliGroup(click.Group):
     """A group that turns our errors into one-line messages and exit codes."""
 
@@ -159,6 +164,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
                              verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min,
                              notify=lambda line: err_console.print(line),
                              batch_invariant=not no_batch_invariance, options=options)
+    _HELD_TILL_EXIT.append(engine)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
                              speculative=engine.spec.enabled or engine.draft_drafter is not None):

@@ -11,6 +11,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import threading
@@ -26,6 +27,16 @@ from .errors import NgramSpecError
 
 _BACKEND_READY = False
 _BACKEND_LOCK = threading.Lock()
+_EXITING = False  # set when the interpreter exits (`_at_exit`)
+
+
+@atexit.register
+def _at_exit() -> None:
+    """Models and contexts still alive when the process ends are not freed one by one
+    (`__del__` returns): the OS takes their memory back at once, where llama.cpp's frees
+    take ~0.2 s for a model, its twin and their contexts. `close()` still frees."""
+    global _EXITING
+    _EXITING = True
 GGUF_MAGIC = b"GGUF"
 
 
@@ -155,6 +166,8 @@ class Model:
             self.ptr = None
 
     def __del__(self):  # pragma: no cover
+        if _EXITING:
+            return
         try:
             self.close()
         except Exception:
@@ -312,6 +325,8 @@ class Context:
             self.ptr = None
 
     def __del__(self):  # pragma: no cover
+        if _EXITING:
+            return
         try:
             self.close()
         except Exception:
