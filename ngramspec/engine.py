@@ -473,7 +473,7 @@ class Engine:
                 self.ctx.clear(s.seq_id)
                 for p in range(0, s.n_kv, chunk):
                     n = min(chunk, s.n_kv - p)
-                    self.ctx._run([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
+                    self.ctx.run_rows([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
                 self._scratch[s.seq_id] = s.n_kv
         entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
                     s.n_logits == s.n_tokens) for s in shapes]

@@ -268,10 +268,10 @@ class ContextParams:
 class Context:
     """A llama.cpp context: KV cache for up to n_seq_max sequences, batched decode."""
 
-    def __init__(self, model: Model, params: ContextParams = ContextParams(),
-                 prefill_model: Model | None = None):
-        """`prefill_model`: the same GGUF loaded with repacked weights; prompts of 64+
-        tokens are then evaluated in its twin context (ngramspec/twin.py)."""
+    def __init__(self, model: Model, params: ContextParams = ContextParams(), twin=None):
+        """`twin`: a `twin.PrefillTwin` of the same GGUF with repacked weights
+        (`twin.open_context` builds both); prompts of 64+ tokens are then evaluated in
+        it. Kept only where prompts take the tiled path (closed otherwise)."""
         lc = _llama()
         self.model, self.params = model, params
         cp = lc.llama_context_default_params()
@@ -305,12 +305,9 @@ class Context:
         self.memory = lc.llama_get_memory(self.ptr)
         self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
-        self.twin = None
-        if prefill_model is not None:
-            from .twin import PrefillTwin
-
-            if self.tiled_prefill and PrefillTwin.usable(params):
-                self.twin = PrefillTwin(prefill_model, params)
+        self.twin = twin if self.tiled_prefill else None
+        if twin is not None and self.twin is None:
+            twin.close()
 
     def close(self) -> None:
         lc = _llama()
@@ -347,7 +344,7 @@ class Context:
         """
         room = self.n_ctx_seq - (entries[-1][2] + len(entries[-1][1])) if entries else None
         lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries], room)
-        return self._run(entries, lay.pads, lay.pad_logits)
+        return self.run_rows(entries, lay.pads, lay.pad_logits)
 
     def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int,
                 last: bool = True) -> tuple["Context", list[int]]:
@@ -363,7 +360,7 @@ class Context:
                              f"tokens, got {n}")
         if self.twin is not None:
             return self.twin.ctx, self.twin.chunk(self, seq_id, tokens, pos0, last)
-        return self, self._run([(seq_id, tokens, pos0, False)],
+        return self, self.run_rows([(seq_id, tokens, pos0, False)],
                                {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
 
     def begin_prompt(self, seq_id: int, n_cached: int) -> None:
@@ -371,7 +368,7 @@ class Context:
         if self.twin is not None:
             self.twin.begin(self, seq_id, n_cached)
 
-    def _run(self, entries, pads: dict[int, int],
+    def run_rows(self, entries, pads: dict[int, int],
              pad_logits: dict[int, int] | None = None) -> list[list[int]]:
         """Fill the batch (each entry's tokens, then its pads, the first pad_logits of
         them with logits nobody reads), decode, drop the pads. Raises ValueError, before

@@ -9,12 +9,12 @@ from typing import Callable
 from .config import SpecConfig
 from .engine import Engine
 from .errors import ConfigError
-from .model import (TILED_PREFILL_MIN, Context, ContextParams, Model, check_model_file,
+from .model import (TILED_PREFILL_MIN, ContextParams, Model, check_model_file,
                     default_model_path)
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
-from .twin import load_twin, repack_is_safe
+from .twin import load_twin, open_context, repack_is_safe
 
 
 def default_threads() -> int:
@@ -135,7 +135,7 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     for line in notes:
         notify(line)
     model, twin = _load_models(model_path, opts, batch_invariant, verbose)
-    ctx = Context(model, cparams, prefill_model=twin)
+    ctx = open_context(model, cparams, twin)
     dd = None
     if draft_path is not None:
         from .draft_model import DraftModelDrafter

@@ -66,6 +66,20 @@ def load_twin(path: str | Path, **load) -> Model | None:
     return Model(path, use_extra_bufts=True, **load)
 
 
+def open_context(model: Model, params: ContextParams, prefill_model: Model | None = None) -> Context:
+    """A context of `model`, with a prefill twin on `prefill_model` (the same GGUF,
+    repacked) where the parameters allow one (`PrefillTwin.usable`)."""
+    twin = None
+    if prefill_model is not None and PrefillTwin.usable(params):
+        twin = PrefillTwin(prefill_model, params)
+    try:
+        return Context(model, params, twin=twin)
+    except BaseException:
+        if twin is not None:
+            twin.close()
+        raise
+
+
 def twin_pads(n: int) -> int:
     """Padding rows after an n-token chunk: at least TILED_PREFILL_MIN rows, a multiple
     of GEMM_ROWS."""
@@ -114,7 +128,7 @@ class PrefillTwin:
         if self.held.get(seq_id, 0) != pos0:
             raise RuntimeError(f"the prefill twin holds {self.held.get(seq_id, 0)} cells of "
                                f"sequence {seq_id}, the next chunk starts at {pos0}")
-        rows = self.ctx._run([(seq_id, tokens, pos0, False)], {seq_id: twin_pads(len(tokens))})[0]
+        rows = self.ctx.run_rows([(seq_id, tokens, pos0, False)], {seq_id: twin_pads(len(tokens))})[0]
         self.held[seq_id] = pos0 + len(tokens)
         if last:
             move_seq(self.ctx, main, seq_id)

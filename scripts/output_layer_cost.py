@@ -156,7 +156,7 @@ def check_identity(ctx: Context, head: OutputLayer, stop: StopAtNorm, toks: list
     """Print whether 8 rows of our output layer equal llama.cpp's bit for bit, and the
     one-token decode's time without the output layer. Leaves stream 0 at 900 cells."""
     stop.stop, stop.rows = False, []
-    rows = ctx._run([(0, toks[900:908], 900, True)], {}, {})[0]
+    rows = ctx.run_rows([(0, toks[900:908], 900, True)], {}, {})[0]
     theirs = np.stack([ctx.logits_at(i) for i in rows])
     same = np.array_equal(head(np.concatenate(stop.rows)), theirs)
     print(f"own output layer rows bit-identical to llama.cpp's (8 rows): {same}")
@@ -164,7 +164,7 @@ def check_identity(ctx: Context, head: OutputLayer, stop: StopAtNorm, toks: list
     stop.stop = True
 
     def one():
-        ctx._run([(0, toks[900:901], 900, True)], {}, {})
+        ctx.run_rows([(0, toks[900:901], 900, True)], {}, {})
         ctx.truncate(0, 900)
     print(f"1-token decode stopped at result_norm: {median_ms(one):.1f} ms")
 
@@ -181,12 +181,12 @@ def main() -> None:
         stop.stop = False
         for s in range(8):  # 900 cells per stream
             for a, b in ((0, 512), (512, 900)):
-                ctx._run([(s, toks[s * 100 + a:s * 100 + b], a, False)], {}, {})
+                ctx.run_rows([(s, toks[s * 100 + a:s * 100 + b], a, False)], {}, {})
         stop.stop = True
         for n_seq, per in shapes:
             def step():
                 stop.rows.clear()
-                ctx._run([(s, toks[s * 100 + 900:s * 100 + 900 + per], 900, True)
+                ctx.run_rows([(s, toks[s * 100 + 900:s * 100 + 900 + per], 900, True)
                           for s in range(n_seq)], {}, {})
                 if cb is not None:
                     head(np.concatenate(stop.rows))

@@ -26,11 +26,11 @@ PROMPT = rng.integers(1000, 20000, 300).tolist()
 def setup(ctx, seqs):
     for s in range(seqs):
         ctx.clear(s)
-        ctx._run([(s, PROMPT, 0, False)], {})
+        ctx.run_rows([(s, PROMPT, 0, False)], {})
 def timeit(ctx, entries, pads, reps=15):
     ts = []
     for _ in range(reps):
-        t0 = time.perf_counter(); ctx._run(entries, pads); ts.append(time.perf_counter() - t0)
+        t0 = time.perf_counter(); ctx.run_rows(entries, pads); ts.append(time.perf_counter() - t0)
         for e in entries: ctx.truncate(e[0], e[2])
     return 1e3 * float(np.median(ts)), 1e3*min(ts)
 cp, cr = ctx_for(plain), ctx_for(rep)
@@ -56,7 +56,7 @@ for ns in (4, 8):
     del cp4, cr4
 # exactness: token X's logits in [X,pad,pad,pad] vs [X,d1,d2,d3] vs in an 8-row batch vs 64-row
 def logits_of(ctx, seq, toks, pos, pads, want_idx=0):
-    rows = ctx._run([(seq, toks, pos, True)], pads)[0]
+    rows = ctx.run_rows([(seq, toks, pos, True)], pads)[0]
     out = ctx.logits_at(rows[want_idx]).copy()
     ctx.truncate(seq, pos)
     return out

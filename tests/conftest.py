@@ -55,15 +55,16 @@ def threads() -> int:
 def make_engine(model, twin_model, threads):
     """Factory: an Engine with its own context (n_seq sequences) for a SpecConfig."""
     from ngramspec.engine import Engine
-    from ngramspec.model import Context, ContextParams
+    from ngramspec.model import ContextParams
+    from ngramspec.twin import open_context
 
     ctxs = {}
 
     def make(spec, n_seq: int = 1, n_ctx: int = 4096, draft_drafter=None):
         key = (n_seq, n_ctx)
         if key not in ctxs:  # contexts are reused: creating one costs ~100 ms
-            ctxs[key] = Context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_seq,
-                                                     n_threads=threads), prefill_model=twin_model)
+            ctxs[key] = open_context(model, ContextParams(n_ctx=n_ctx, n_seq_max=n_seq,
+                                                     n_threads=threads), twin_model)
         ctxs[key].clear()
         return Engine(model, ctxs[key], spec, draft_drafter=draft_drafter)
 

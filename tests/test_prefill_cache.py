@@ -10,6 +10,7 @@ from ngramspec import NgramMapParams, SpecConfig
 from ngramspec.corpus import documents, edit_prompt
 from ngramspec.engine import Engine
 from ngramspec.model import Context, ContextParams
+from ngramspec.twin import open_context
 from ngramspec.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
@@ -32,8 +33,7 @@ def run(engine, seq_id, prompt, chunk=512, n=N, **kw):
 
 @pytest.fixture(scope="module")
 def solo(model, twin_model, threads):
-    return Engine(model, Context(model, ContextParams(n_ctx=4096, n_threads=threads),
-                                 prefill_model=twin_model), SpecConfig(types=()))
+    return Engine(model, open_context(model, ContextParams(n_ctx=4096, n_threads=threads), twin_model), SpecConfig(types=()))
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +51,7 @@ def test_long_prefill_interleaved_with_a_generating_slot(model, twin_model, thre
     ref_short = logit_log.pop(id(st.sampler))
     want_long, st = run(solo, 0, long)
     ref_long = logit_log.pop(id(st.sampler))
-    two = Engine(model, Context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads),
-                                prefill_model=twin_model), SpecConfig(types=("ngram-simple",)))
+    two = Engine(model, open_context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads), twin_model), SpecConfig(types=("ngram-simple",)))
     a = two.start(0, short, GREEDY, N)
     first = None
     while first is None:

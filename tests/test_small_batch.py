@@ -25,8 +25,8 @@ def test_oversized_decode_raises_before_touching_the_batch(model, threads):
                                        batch_invariant=False))
     try:
         with pytest.raises(ValueError, match="exceeds n_batch=64"):
-            ctx._run([(0, list(range(1000, 1100)), 0, False)], {})
-        ctx._run([(0, list(range(1000, 1064)), 0, False)], {})  # exactly n_batch: fine
+            ctx.run_rows([(0, list(range(1000, 1100)), 0, False)], {})
+        ctx.run_rows([(0, list(range(1000, 1064)), 0, False)], {})  # exactly n_batch: fine
     finally:
         ctx.close()
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ngramspec.model import TILED_PREFILL_MIN, Context, ContextParams
-from ngramspec.twin import GEMM_ROWS, repack_is_safe, twin_pads
+from ngramspec.model import TILED_PREFILL_MIN, ContextParams
+from ngramspec.twin import GEMM_ROWS, open_context, repack_is_safe, twin_pads
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
 
@@ -41,7 +41,7 @@ def test_prompt_cells_move_whole_and_do_not_depend_on_the_chunking(model, twin_m
     prompt = model.tokenize("def repeat(x):\n    return [x for _ in range(3)]\n" * 40)
     assert len(prompt) > 600
     params = ContextParams(n_ctx=4096, n_seq_max=2, n_threads=threads)
-    ctx = Context(model, params, prefill_model=twin_model)
+    ctx = open_context(model, params, twin_model)
     states, logits = [], []
     for chunk in (512, 200, 96):
         ctx.clear(1)
