@@ -244,12 +244,8 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
         _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
                         llama_server, peer_types, json_out, own_types)
         return
-    from rich.progress import Progress
-
     from . import bench as B
     from .config import check_draft_model, parse_spec_types
-    from .engine import Engine
-    from .policy import CostPolicy
     from .runtime import load_engine
 
     fast = no_batch_invariance
@@ -263,46 +259,17 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     options = flags.load_options(kw)
     if reps < 1 or n_predict < 1:
         raise ConfigError("--reps and -n must be >= 1")
-    works = B.fixture_workloads()
-    if workloads is not None:
-        wanted = [] if workloads == "none" else [w.strip() for w in workloads.split(",")]
-        unknown = set(wanted) - {w.name for w in works}
-        if unknown:
-            raise ConfigError(f"unknown workload(s) {sorted(unknown)}; fixture workloads: "
-                              f"{', '.join(w.name for w in works)}")
-        works = [w for w in works if w.name in wanted]
-    works += [B.Workload(Path(f).stem, read_prompt(None, f)) for f in prompt_files]
-    if not works:
-        raise ConfigError("nothing to run: no workloads selected and no prompt files given")
+    works = _bench_workloads(B, workloads, prompt_files)
     modes = ["off", *[t for t in mode_types if t != "none"]] + ([] if no_oracle else ["oracle"])
-    with err_console.status("loading model and measuring the decode cost ..."):
+    with err_console.status("loading model ..."):
         base = load_engine(model, model_draft, ctx_size, threads,
                            spec.with_types("auto"), verbose=bool(ctx.obj.get("verbose")),
                            batch_invariant=not fast, options=options,
                            notify=lambda line: err_console.print(line))
-    m, context, cost = base.model, base.ctx, base.policy.cost
-    threads = context.params.n_threads
-
-    def make_engine(cfg, extra, draft_model):
-        context.clear()
-        policy = CostPolicy(cost, compare_all=cfg.auto) if cfg.policy == "cost" else None
-        if extra is None and (cfg.enabled or draft_model):
-            extra = base.draft_drafter  # -md drafts after the n-gram chain, as in generate
-        return Engine(m, context, cfg, draft_drafter=extra, policy=policy)
-
-    all_results, peers = {}, {}
-    peer_types = [t for t in mode_types if t in B.SPEC_TYPES]
-    total = len(works) * reps * (len(modes) + (1 + len(peer_types) if llama_server else 0))
-    with Progress(console=err_console, transient=True) as prog:
-        task = prog.add_task("benchmarking", total=total)
-        for w in works:
-            prog.update(task, description=f"{w.name}")
-            all_results[w.name] = B.run_workload(make_engine, w, modes, spec, n_predict, reps,
-                                                 lambda: prog.advance(task))
-            if llama_server:
-                prog.update(task, description=f"{w.name} (llama-server)")
-                peers[w.name] = B.run_peer(llama_server, str(m.path), w, peer_types, n_predict,
-                                           reps, ctx_size, threads, lambda: prog.advance(task))
+    m, cost, threads = base.model, base.policy.cost, base.ctx.params.n_threads
+    peer_types = [t for t in mode_types if t in B.SPEC_TYPES] if llama_server else []
+    all_results, peers = _bench_runs(B, base, works, modes, spec, n_predict, reps,
+                                     llama_server, peer_types, ctx_size)
     for name, res in all_results.items():
         _print_bench(name, res, n_predict, reps, peers.get(name))
     meta = {"model": str(m.path), "threads": threads, "n_predict": n_predict, "reps": reps,
@@ -314,6 +281,57 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     if plot_path:
         B.plot(all_results, plot_path)
         err_console.print(f"chart written to {plot_path}")
+
+
+def _bench_workloads(B, workloads: str | None, prompt_files) -> list:
+    """The fixture workloads named by --workloads (all by default, none for 'none'), then
+    one per prompt file."""
+    works = B.fixture_workloads()
+    if workloads is not None:
+        wanted = [] if workloads == "none" else [w.strip() for w in workloads.split(",")]
+        unknown = set(wanted) - {w.name for w in works}
+        if unknown:
+            raise ConfigError(f"unknown workload(s) {sorted(unknown)}; fixture workloads: "
+                              f"{', '.join(w.name for w in works)}")
+        works = [w for w in works if w.name in wanted]
+    works += [B.Workload(Path(f).stem, read_prompt(None, f)) for f in prompt_files]
+    if not works:
+        raise ConfigError("nothing to run: no workloads selected and no prompt files given")
+    return works
+
+
+def _bench_runs(B, base, works, modes, spec, n_predict, reps, llama_server, peer_types,
+                ctx_size) -> tuple[dict, dict]:
+    """Every mode on every workload on `base`'s model and context (one engine per mode,
+    the measured cost curve shared), and llama-server's runs of `peer_types`."""
+    from rich.progress import Progress
+
+    from .engine import Engine
+    from .policy import CostPolicy
+
+    m, context, cost = base.model, base.ctx, base.policy.cost
+
+    def make_engine(cfg, extra, draft_model):
+        context.clear()
+        policy = CostPolicy(cost, compare_all=cfg.auto) if cfg.policy == "cost" else None
+        if extra is None and (cfg.enabled or draft_model):
+            extra = base.draft_drafter  # -md drafts after the n-gram chain, as in generate
+        return Engine(m, context, cfg, draft_drafter=extra, policy=policy)
+
+    all_results, peers = {}, {}
+    total = len(works) * reps * (len(modes) + (1 + len(peer_types) if llama_server else 0))
+    with Progress(console=err_console, transient=True) as prog:
+        task = prog.add_task("benchmarking", total=total)
+        for w in works:
+            prog.update(task, description=f"{w.name}")
+            all_results[w.name] = B.run_workload(make_engine, w, modes, spec, n_predict, reps,
+                                                 lambda: prog.advance(task))
+            if llama_server:
+                prog.update(task, description=f"{w.name} (llama-server)")
+                peers[w.name] = B.run_peer(llama_server, str(m.path), w, peer_types, n_predict,
+                                           reps, ctx_size, context.params.n_threads,
+                                           lambda: prog.advance(task))
+    return all_results, peers
 
 
 def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model, llama_server,

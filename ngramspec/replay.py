@@ -152,6 +152,14 @@ def _plain_seconds(cost, streams, slots: int) -> float:
     return seconds
 
 
+def _start(slot: int, chain: DrafterChain, policy, own: Sequence, index: int,
+           prompt: np.ndarray, generated: np.ndarray) -> "_Seq":
+    """Stream `index` started in `slot`: its Speculation has begun on the prompt."""
+    sp = Speculation(slot, chain, policy, own)
+    sp.begin(prompt)
+    return _Seq(index, sp, prompt, generated, len(prompt), int(generated[0]))
+
+
 def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.ndarray, np.ndarray]],
                  *, slots: int | None = None, max_draft: int | None = None,
                  on_step: Callable[[int, int, int, int], None] | None = None,
@@ -175,18 +183,14 @@ def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.n
     running: dict[int, _Seq] = {}
     results: list[ReplayResult | None] = [None] * len(streams)
     cap = max_draft if max_draft is not None else 1 << 30
-    per_seq, total = MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
-    if cost is not None and cost.per_seq_streams:
-        total = 512 - slots
+    per_seq = MAX_INVARIANT_BATCH
+    total = 512 - slots if cost is not None and cost.per_seq_streams else MAX_INVARIANT_BATCH
     name, seconds = getattr(policy, "name", "policy"), 0.0
     while queue or running:
         for slot in range(slots):
             if slot not in running and queue:
                 i = queue.popleft()
-                prompt, generated = streams[i]
-                sp = Speculation(slot, chain, policy, own(i) if own else ())
-                sp.begin(prompt)
-                running[slot] = _Seq(i, sp, prompt, generated, len(prompt), int(generated[0]))
+                running[slot] = _start(slot, chain, policy, own(i) if own else (), i, *streams[i])
         for slot in [k for k, s in running.items() if s.done]:
             s = running.pop(slot)
             s.sp.end()
