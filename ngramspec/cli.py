@@ -167,7 +167,7 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     _HELD_TILL_EXIT.append(engine)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
-                             speculative=engine.spec.enabled or engine.draft_drafter is not None):
+                             speculative=engine.speculates()):
         if as_json:
             pieces.append(r.text)
         else:

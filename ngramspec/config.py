@@ -99,9 +99,51 @@ class SpecConfig:
         return {"ngram-simple": self.ngram_simple, "ngram-map-k": self.ngram_map_k,
                 "ngram-map-k4v": self.ngram_map_k4v}[name]
 
+    def override(self, *, type: str | None = None, n_max: int | None = None,
+                 n_min: int | None = None, p_min: float | None = None,
+                 ngram_size_n: int | None = None, ngram_size_m: int | None = None,
+                 ngram_min_hits: int | None = None) -> "SpecConfig":
+        """This config with a request's `speculative` fields applied (None: unchanged),
+        clamped as llama-server clamps them, then validated.
+
+        type -> types; n_max -> draft_max (>= 0); n_min -> draft_min (0..n_max);
+        ngram_size_n -> every type's key length (ngram-mod n_match); ngram_size_m ->
+        every type's drafted length (ngram-mod n_max); sizes clamped to [1,
+        NGRAM_LIMIT]; ngram_min_hits -> ngram-map-k/-k4v min_hits ([1, 65535]); p_min
+        -> the draft model's least top probability (draft_p_min)."""
+        cfg = self if type is None else replace(self, types=parse_spec_types(type))
+        if ngram_size_n is not None:
+            n = _clamp(ngram_size_n, 1, NGRAM_LIMIT)
+            cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_n=n),
+                          ngram_map_k=replace(cfg.ngram_map_k, size_n=n),
+                          ngram_map_k4v=replace(cfg.ngram_map_k4v, size_n=n),
+                          ngram_mod=replace(cfg.ngram_mod, n_match=n))
+        if ngram_size_m is not None:
+            m = _clamp(ngram_size_m, 1, NGRAM_LIMIT)
+            cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_m=m),
+                          ngram_map_k=replace(cfg.ngram_map_k, size_m=m),
+                          ngram_map_k4v=replace(cfg.ngram_map_k4v, size_m=m),
+                          ngram_mod=replace(cfg.ngram_mod, n_max=m, n_min=min(cfg.ngram_mod.n_min, m)))
+        if ngram_min_hits is not None:
+            h = _clamp(ngram_min_hits, 1, 65535)
+            cfg = replace(cfg, ngram_map_k=replace(cfg.ngram_map_k, min_hits=h),
+                          ngram_map_k4v=replace(cfg.ngram_map_k4v, min_hits=h))
+        if p_min is not None:
+            cfg = replace(cfg, draft_p_min=float(p_min))
+        draft_max = cfg.draft_max if n_max is None else _clamp(n_max, 0)
+        draft_min = cfg.draft_min if n_min is None else _clamp(n_min, 0)
+        if draft_max is not None:
+            draft_min = min(draft_min, draft_max)
+        return replace(cfg, draft_max=draft_max, draft_min=draft_min)
+
     def with_types(self, types: str | Sequence[str]) -> "SpecConfig":
         parsed = parse_spec_types(types)
         return replace(self, types=parsed, policy="cost" if parsed == (AUTO,) else self.policy)
+
+
+def _clamp(v: int, lo: int, hi: int | None = None) -> int:
+    v = max(v, lo)
+    return min(v, hi) if hi is not None else v
 
 
 def parse_spec_types(value: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -196,6 +196,15 @@ class Engine:
             return 0
         return min(common_prefix(c.tokens[:c.reusable], prompt), len(prompt) - 1)
 
+    def speculates(self, spec: SpecConfig | None = None, wanted: bool = True,
+                   prediction: bool = False) -> bool:
+        """The one rule for whether a sequence speculates: the client wants it (`wanted`)
+        and something can draft: a spec type of `spec` (default: the engine's), the
+        draft model, or the request's own `prediction`. `start` applies it; callers
+        that report the decision before the start (response headers, props) ask it."""
+        cfg = self.spec if spec is None else spec
+        return wanted and (cfg.enabled or self.draft_drafter is not None or prediction)
+
     def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
               n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
               cache_prompt: bool = True, prediction: Sequence[int] | None = None,
@@ -239,7 +248,7 @@ class Engine:
         if isinstance(self.draft_drafter, DraftModelDrafter):
             self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
         own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
-        if speculative and (cfg.enabled or self.draft_drafter is not None or own):
+        if self.speculates(cfg, speculative, bool(own)):
             st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy, own)
             st.spec.begin(prompt)
             if self.synth:

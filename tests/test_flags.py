@@ -214,8 +214,12 @@ def fake_engine(n_ctx: int = 512):
     model = SimpleNamespace(path=Path("/models/fake.gguf"), n_vocab=100, n_ctx_train=2048,
                             chat_template=None, bos_text="", eos_text="")
     ctx = SimpleNamespace(n_ctx=n_ctx, params=SimpleNamespace(n_threads=1))
-    return SimpleNamespace(model=model, ctx=ctx, spec=SpecConfig(), draft_drafter=None,
+    from ngramspec.engine import Engine
+
+    fake = SimpleNamespace(model=model, ctx=ctx, spec=SpecConfig(), draft_drafter=None,
                            pool=SimpleNamespace(nbytes=1 << 20), reusable_prefix=lambda *a: 0)
+    fake.speculates = lambda *a, **kw: Engine.speculates(fake, *a, **kw)  # the engine's rule
+    return fake
 
 
 def client(**settings):
@@ -244,7 +248,7 @@ def test_alias_tags_slots_off_and_api_keys():
 
 
 def test_chat_template_by_name_file_and_no_jinja(tmp_path):
-    from ngramspec.server.chat import chat_prompt, check_template
+    from ngramspec.jobs.chat import chat_prompt, check_template
 
     msgs = [SimpleNamespace(role="user", content="Hi")]
     model = fake_engine().model
@@ -263,7 +267,7 @@ def test_chat_template_by_name_file_and_no_jinja(tmp_path):
 def test_cache_prompt_default_comes_from_the_flag():
     from ngramspec.server.prepare import prepare
     from ngramspec.server.state import ServerState
-    from ngramspec.server.types import NativeCompletionRequest
+    from ngramspec.jobs.types import NativeCompletionRequest
 
     import numpy as np
 

@@ -9,7 +9,7 @@ import pytest
 
 from ngramspec.config import SpecConfig
 from ngramspec.sampling import SamplingParams
-from ngramspec.server.scheduler import Job, Scheduler
+from ngramspec.jobs.scheduler import Job, Scheduler
 
 pytestmark = pytest.mark.model
 

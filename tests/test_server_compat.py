@@ -12,7 +12,7 @@ import numpy as np
 from ngramspec.config import SpecConfig
 from ngramspec.sampling import SamplingParams
 from ngramspec.server import render
-from ngramspec.server.scheduler import Job, Slot
+from ngramspec.jobs.scheduler import Job, Slot
 from ngramspec.server.settings import ServerSettings
 
 

@@ -12,7 +12,7 @@ import threading
 
 from ngramspec.generate import GenerationResponse
 from ngramspec.server.run import Run
-from ngramspec.server.scheduler import Event
+from ngramspec.jobs.scheduler import Event
 
 
 class FakeScheduler:

@@ -24,8 +24,8 @@ from typing import Any, Iterable, Iterator
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from .. import strict_json
-from ..errors import ConfigError
-from ..server.types import ChatMessage, Int32, SpeculativeParams
+from ..errors import ConfigError, validation_message
+from ..jobs.types import ChatMessage, Int32, SpeculativeParams
 
 
 class RecordBody(BaseModel):
@@ -131,9 +131,7 @@ def _parse_one(index: int, line: int, raw: Any, owner: dict[str, int]) -> Record
     try:
         body = RecordBody.model_validate(obj)
     except ValidationError as e:
-        from ..server.errors import to_api_error
-
-        return bad("invalid_request_error", to_api_error(e).message, rid)
+        return bad("invalid_request_error", validation_message(list(e.errors())), rid)
     if (body.prompt is None) == (body.messages is None):
         return bad("invalid_request_error", "a record needs exactly one of 'prompt' and "
                                             "'messages'", rid)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Container, Iterable, Iterator
 
+from ..errors import error_fields
 from .records import BadRecord, Record, id_key, line_key
 
 
@@ -41,10 +42,10 @@ class BatchResult:
     @classmethod
     def from_exception(cls, item: Record | BadRecord, exc: BaseException) -> "BatchResult":
         """The record failed on `exc`; the error type is llama-server's for it."""
-        from ..server.errors import to_api_error
-
-        err = to_api_error(exc)
-        return cls.failure(item, err.type, err.message)
+        fields = error_fields(exc)
+        if fields is None:  # a bug: reported, the job goes on
+            return cls.failure(item, "server_error", f"internal error: {type(exc).__name__}: {exc}")
+        return cls.failure(item, fields["type"], fields["message"])
 
     @classmethod
     def bad(cls, item: BadRecord) -> "BatchResult":

@@ -24,8 +24,8 @@ from ..config import SpecConfig, check_draft_model
 from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
-from ..server.chat import chat_prompt
-from ..server.scheduler import Event, Job, Scheduler
+from ..jobs.chat import chat_prompt
+from ..jobs.scheduler import Event, Job, Scheduler
 from ..stats import calibration_line
 from .records import BadRecord, Record
 from .results import BatchResult
@@ -169,10 +169,8 @@ class EngineRunner:
 
     def _speculation(self, b) -> tuple[bool, SpecConfig | None]:
         """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""
-        from ..server.prepare import spec_override
-
-        base = self.engine.spec
+        base = cfg = self.engine.spec
         if b.speculative is not None:
             check_draft_model(b.speculative.type, self.engine.draft_drafter is not None)
-        cfg = base if b.speculative is None else spec_override(base, b.speculative)
-        return cfg.enabled or self.engine.draft_drafter is not None, (None if cfg == base else cfg)
+            cfg = base.override(**b.speculative.model_dump(exclude_none=True))
+        return self.engine.speculates(cfg), (None if cfg == base else cfg)

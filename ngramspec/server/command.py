@@ -43,7 +43,7 @@ def serve(ctx: click.Context, **kw: Any) -> None:
     ngram_size_m, ngram_min_hits}`) or turn speculation off (header
     X-Ngramspec-Speculative: off).
     """
-    from .chat import check_template
+    from ..jobs.chat import check_template
     from .settings import from_flags
 
     for line in flags.warnings_for(ctx, "serve", kw):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..errors import NgramSpecError
+from ..errors import NgramSpecError, error_fields, validation_message
 
 log = logging.getLogger("ngramspec.server")
 
@@ -46,45 +46,22 @@ def loading_error() -> APIError:
     return APIError("Loading model", "unavailable_error")
 
 
-def _validation_message(errors: list[dict]) -> str:
-    parts = []
-    for e in errors[:3]:
-        loc = [str(x) for x in e.get("loc", ()) if x not in ("body",)]
-        where = ".".join(loc)
-        if e.get("type") == "json_invalid":
-            ctx = e.get("ctx") or {}
-            parts.append(f"malformed JSON body: {ctx.get('error', e.get('msg', ''))}")
-        elif e.get("type") == "missing":
-            parts.append(f"missing required field '{where}'")
-        else:
-            parts.append(f"{where}: {e.get('msg', 'invalid value')}" if where else e.get("msg", ""))
-    return "; ".join(parts) or "invalid request"
-
-
 def to_api_error(exc: BaseException) -> APIError:
-    """Map any exception to an APIError (the single mapping used everywhere)."""
+    """Map any exception to an APIError (the single mapping used everywhere): the HTTP
+    layer's own exceptions here, every domain error through `errors.error_fields`."""
     from fastapi.exceptions import RequestValidationError
-    from pydantic import ValidationError
     from starlette.exceptions import HTTPException
 
     if isinstance(exc, APIError):
         return exc
-    if isinstance(exc, NgramSpecError):
-        extra = {}
-        if exc.type == "exceed_context_size_error":
-            extra = {"n_prompt_tokens": getattr(exc, "n_prompt_tokens", None),
-                     "n_ctx": getattr(exc, "n_ctx", None)}
-        return APIError(str(exc), exc.type, exc.status, **extra)
-    if isinstance(exc, (RequestValidationError, ValidationError)):
-        return APIError(_validation_message(list(exc.errors())), "invalid_request_error", 400)
+    if isinstance(exc, RequestValidationError):
+        return APIError(validation_message(list(exc.errors())), "invalid_request_error", 400)
     if isinstance(exc, HTTPException):
         return APIError(str(exc.detail), TYPE_OF_STATUS.get(exc.status_code, "invalid_request_error"),
                         exc.status_code)
-    if isinstance(exc, UnicodeDecodeError):
-        return APIError("request body is not UTF-8", "invalid_request_error", 400)
-    if isinstance(exc, UnicodeEncodeError):  # text that is not Unicode (a lone surrogate)
-        return APIError(f"the request holds text that is not valid Unicode: {exc.reason}",
-                        "invalid_request_error", 400)
+    fields = error_fields(exc)
+    if fields is not None:
+        return APIError(fields["message"], fields["type"], fields["status"], **fields["extra"])
     log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
     return APIError(f"internal server error: {type(exc).__name__}: {exc}", "server_error", 500)
 

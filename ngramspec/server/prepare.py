@@ -18,15 +18,15 @@ from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from .. import strict_json
-from ..config import NGRAM_LIMIT, SpecConfig, check_draft_model, parse_spec_types
+from ..config import SpecConfig, check_draft_model
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
-from .chat import chat_prompt, continues_final
+from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
-from .scheduler import Job
+from ..jobs.scheduler import Job
 from .state import ServerState
-from .types import ChatCompletionRequest, PromptObject, SpeculativeParams, _Generation
+from ..jobs.types import ChatCompletionRequest, PromptObject, _Generation
 
 SPEC_HEADER = "X-Ngramspec-Speculative"
 OFF_VALUES = {"off", "disabled", "false", "0", "none", "no"}
@@ -50,46 +50,6 @@ class Prepared:
     id_slot: int = -1
     context_shift: tuple[int, int] | None = None
 
-def _clamp(v: int, lo: int, hi: int | None = None) -> int:
-    v = max(v, lo)
-    return min(v, hi) if hi is not None else v
-
-def spec_override(base: SpecConfig, sp: SpeculativeParams) -> SpecConfig:
-    """Apply a request's `speculative` object to the server's config (clamped, validated).
-
-    n_max -> draft_max (>= 0); n_min -> draft_min (0..n_max); ngram_size_n ->
-    every type's key length (ngram-mod n_match); ngram_size_m -> every type's
-    drafted length (ngram-mod n_max); sizes clamped to [1, 1024]; ngram_min_hits ->
-    ngram-map-k/-k4v min_hits (clamped to [1, 65535]); p_min -> the draft model's
-    least top probability (draft_p_min).
-    """
-    cfg = base
-    if sp.type is not None:
-        cfg = replace(cfg, types=parse_spec_types(sp.type))
-    if sp.ngram_size_n is not None:
-        n = _clamp(sp.ngram_size_n, 1, NGRAM_LIMIT)
-        cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_n=n),
-                      ngram_map_k=replace(cfg.ngram_map_k, size_n=n),
-                      ngram_map_k4v=replace(cfg.ngram_map_k4v, size_n=n),
-                      ngram_mod=replace(cfg.ngram_mod, n_match=n))
-    if sp.ngram_size_m is not None:
-        m = _clamp(sp.ngram_size_m, 1, NGRAM_LIMIT)
-        cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_m=m),
-                      ngram_map_k=replace(cfg.ngram_map_k, size_m=m),
-                      ngram_map_k4v=replace(cfg.ngram_map_k4v, size_m=m),
-                      ngram_mod=replace(cfg.ngram_mod, n_max=m, n_min=min(cfg.ngram_mod.n_min, m)))
-    if sp.ngram_min_hits is not None:
-        h = _clamp(sp.ngram_min_hits, 1, 65535)
-        cfg = replace(cfg, ngram_map_k=replace(cfg.ngram_map_k, min_hits=h),
-                      ngram_map_k4v=replace(cfg.ngram_map_k4v, min_hits=h))
-    if sp.p_min is not None:
-        cfg = replace(cfg, draft_p_min=float(sp.p_min))
-    draft_max = cfg.draft_max if sp.n_max is None else _clamp(sp.n_max, 0)
-    draft_min = cfg.draft_min if sp.n_min is None else _clamp(sp.n_min, 0)
-    if draft_max is not None:
-        draft_min = min(draft_min, draft_max)
-    return replace(cfg, draft_max=draft_max, draft_min=draft_min)
-
 def _speculation(state: ServerState, req: _Generation, request: Request) -> tuple[bool, SpecConfig | None]:
     on = True
     hdr = request.headers.get(SPEC_HEADER)
@@ -100,11 +60,10 @@ def _speculation(state: ServerState, req: _Generation, request: Request) -> tupl
         elif v not in ON_VALUES:
             raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
     cfg = state.settings.spec
-    has_draft_model = state.engine.draft_drafter is not None
     if req.speculative is not None:
-        check_draft_model(req.speculative.type, has_draft_model)
-        cfg = spec_override(cfg, req.speculative)
-    on = on and (cfg.enabled or has_draft_model or req.prediction is not None)
+        check_draft_model(req.speculative.type, state.engine.draft_drafter is not None)
+        cfg = cfg.override(**req.speculative.model_dump(exclude_none=True))
+    on = state.engine.speculates(cfg, on, req.prediction is not None)
     return on, (None if cfg == state.engine.spec else cfg)
 
 def _grammar(req: _Generation) -> str | None:

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 from ..generate import GenerationResponse, TokenOutput
 from .errors import APIError
-from .types import MAX_N_PROBS, ChatCompletionRequest
+from ..jobs.types import MAX_N_PROBS, ChatCompletionRequest
 
 LOWEST = -3.4028234663852886e38  # the lowest float32 (what llama-server writes for log 0)
 CHAT_DEFAULT_TOP = 20  # chat's n_probs when `logprobs: true` comes without `top_logprobs`

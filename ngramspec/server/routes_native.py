@@ -10,14 +10,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from . import metrics as metrics_mod
 from . import probs, render
-from .chat import chosen_template
+from ..jobs.chat import chosen_template
 from .errors import APIError, error_body, to_api_error
 from .prepare import (Prepared, check_tokens, expand_choices, mixed_tokens, n_choices,
                       parse_body, prepare, render_messages, split_prompts, tokenize_prompt)
 from .run import Run, RunStreamingResponse, sse, start_run
-from .scheduler import Event, Job
+from ..jobs.scheduler import Event, Job
 from .state import ServerState, ready_state, require_key
-from .types import (ChatCompletionRequest, DetokenizeRequest, NativeCompletionRequest,
+from ..jobs.types import (ChatCompletionRequest, DetokenizeRequest, NativeCompletionRequest,
                     TokenizeRequest)
 
 public = APIRouter()
@@ -33,7 +33,7 @@ async def health(state: ServerState = Depends(ready_state)):
 def idle_params(state: ServerState) -> dict:
     s = state.settings
     return render.params_json(s.sampling, s.n_predict, [], s.spec,
-                              s.spec.enabled or state.engine.draft_drafter is not None,
+                              state.engine.speculates(s.spec),
                               model=state.engine.model)
 
 

@@ -18,7 +18,7 @@ from .prepare import (Prepared, expand_choices, n_choices, parse_body, prepare, 
 from .routes_native import native_final_json
 from .run import Collected, Run, RunStreamingResponse, sse, start_run
 from .state import ServerState, ready_state, require_key
-from .types import ChatCompletionRequest, CompletionRequest, _OpenAI
+from ..jobs.types import ChatCompletionRequest, CompletionRequest, _OpenAI
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key)])

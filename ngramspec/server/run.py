@@ -27,7 +27,7 @@ from fastapi.responses import StreamingResponse
 
 from ..generate import TokenOutput
 from .prepare import Prepared, make_job
-from .scheduler import Event, Job, Scheduler
+from ..jobs.scheduler import Event, Job, Scheduler
 from .state import ServerState
 
 

@@ -18,7 +18,7 @@ from fastapi import Request
 from .. import synth
 from ..stats import calibration_line
 from .errors import APIError, loading_error
-from .scheduler import Scheduler
+from ..jobs.scheduler import Scheduler
 from .settings import ServerSettings, load_options
 
 log = logging.getLogger("ngramspec.server")

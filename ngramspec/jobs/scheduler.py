@@ -42,10 +42,9 @@ import numpy as np
 
 from ..config import SpecConfig
 from ..engine import Engine, SeqState, StepOutput
-from ..errors import NgramSpecError
+from ..errors import NgramSpecError, Unavailable
 from ..generate import Generation, GenerationResponse
 from ..sampling import SamplingParams
-from .errors import APIError
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
@@ -198,14 +197,13 @@ class Scheduler:
         """Queue a job; deferred when no slot is free, 503 only when the queue is full."""
         with self.cv:
             if self._stop or not self._thread.is_alive():
-                raise APIError("the server is shutting down", "unavailable_error")
+                raise Unavailable("the server is shutting down")
             free = sum(1 for s in self.slots if s.job is None) - len(self.pending)
             if free <= 0:
                 if len(self.pending) >= self.queue_size:
                     self.counters.requests_rejected += 1
-                    raise APIError(f"server busy: all {len(self.slots)} slots are processing and "
-                                   f"{len(self.pending)} requests are queued (--queue-size)",
-                                   "unavailable_error")
+                    raise Unavailable(f"server busy: all {len(self.slots)} slots are processing "
+                                      f"and {len(self.pending)} requests are queued (--queue-size)")
                 self.counters.requests_deferred_total += 1
             self.counters.requests_total += 1
             self.pending.append(job)
@@ -217,7 +215,7 @@ class Scheduler:
         action = SlotAction(slot_id, fn)
         with self.cv:
             if self._stop or not self._thread.is_alive():
-                raise APIError("the server is shutting down", "unavailable_error")
+                raise Unavailable("the server is shutting down")
             self.actions.append(action)
             self.cv.notify()
         return action.future
@@ -268,7 +266,7 @@ class Scheduler:
                 for s in self.slots:
                     if s.job is not None:
                         self._fail(s, e)
-        bye = APIError("the server is shutting down", "unavailable_error")
+        bye = Unavailable("the server is shutting down")
         for s in self.slots:  # shutting down
             if s.job is not None:
                 self._fail(s, bye)

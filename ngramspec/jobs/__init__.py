@@ -1,0 +1,10 @@
+"""Requests to jobs, without a transport: what the server and `batch` share.
+
+- `types`: the request bodies (native and OpenAI fields, pydantic), validated the
+  same way whether they come over HTTP or from a JSONL record;
+- `chat`: chat messages to a prompt with the model's template;
+- `scheduler`: the slots, a job per request, one engine step for all of them.
+
+Nothing here knows HTTP: errors are `ngramspec.errors` types, which the server maps
+to status codes (`server/errors.py`) and `batch` to error records.
+"""
