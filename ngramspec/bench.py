@@ -22,6 +22,7 @@ from .engine import Engine
 from .generate import generate
 from .oracle import OracleDrafter
 from .sampling import SamplingParams
+from .stats import tokens_per_step
 
 FIXTURE_DIR = Path(__file__).resolve().parent.parent / "fixtures" / "prompts"
 GREEDY = SamplingParams(temperature=0.0)
@@ -49,7 +50,7 @@ class ModeResult:
 
     @property
     def tokens_per_step(self) -> float:
-        return (self.tokens - len(self.tok_per_s)) / self.steps if self.steps else 1.0
+        return tokens_per_step(self.tokens - len(self.tok_per_s), self.steps)
 
     @property
     def drafter_share(self) -> float:

@@ -13,12 +13,11 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from dataclasses import fields as dataclass_fields
 from typing import Any, Sequence
 
 from .errors import ConfigError
 
-#: llama.cpp's names of the draftless speculation methods, in llama.cpp's order.
-SPEC_TYPES: tuple[str, ...] = ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod")
 #: Pseudo-types accepted by `--spec-type`: "none" disables speculation; "auto" lets
 #: the engine pick drafters and lengths from measured cost and acceptance.
 OFF_TYPES = ("none",)
@@ -48,6 +47,34 @@ class NgramModParams:
     n_match: int = 24  # length of the hashed n-gram
     n_min: int = 48  # drafts shorter than this are discarded
     n_max: int = 64  # longest draft
+
+
+@dataclass(frozen=True)
+class SpecType:
+    """One draftless spec type: where its parameters live in SpecConfig, and which of
+    them a type-independent setting (`--spec-ngram-size-n`, a request's
+    `speculative.ngram_size_n`, props) means for it."""
+
+    name: str  # llama.cpp's name
+    params: type  # its parameters' dataclass (each field a --spec-NAME-FIELD flag)
+    field: str  # the SpecConfig attribute holding them
+    key: str  # the key n-gram length (ngram_size_n)
+    length: str  # the drafted length (ngram_size_m)
+    hits: str | None  # key hits before drafting (ngram_min_hits); None: not a setting of it
+
+
+#: THE spec-type table, in llama.cpp's order: every other view (SPEC_TYPES, the generic
+#: flags' targets, validation, SpecConfig.override, props, the drafter registry) is
+#: derived from it.
+SPEC_TYPE_TABLE: tuple[SpecType, ...] = (
+    SpecType("ngram-simple", NgramMapParams, "ngram_simple", "size_n", "size_m", None),
+    SpecType("ngram-map-k", NgramMapParams, "ngram_map_k", "size_n", "size_m", "min_hits"),
+    SpecType("ngram-map-k4v", NgramMapParams, "ngram_map_k4v", "size_n", "size_m", "min_hits"),
+    SpecType("ngram-mod", NgramModParams, "ngram_mod", "n_match", "n_max", None),
+)
+SPEC_TYPE = {t.name: t for t in SPEC_TYPE_TABLE}
+#: llama.cpp's names of the draftless speculation methods, in llama.cpp's order.
+SPEC_TYPES: tuple[str, ...] = tuple(SPEC_TYPE)
 
 
 @dataclass(frozen=True)
@@ -90,14 +117,30 @@ class SpecConfig:
     def _type_max(self, name: str) -> int:
         if name == AUTO:
             return 64
-        if name == "ngram-mod":
-            return self.ngram_mod.n_max
-        return self.map_params(name).size_m
+        return getattr(self.params(name), SPEC_TYPE[name].length)
 
-    def map_params(self, name: str) -> NgramMapParams:
-        """The NgramMapParams of one of the three map-style types."""
-        return {"ngram-simple": self.ngram_simple, "ngram-map-k": self.ngram_map_k,
-                "ngram-map-k4v": self.ngram_map_k4v}[name]
+    def params(self, name: str) -> NgramMapParams | NgramModParams:
+        """The parameters of spec type `name` (SPEC_TYPE_TABLE)."""
+        return getattr(self, SPEC_TYPE[name].field)
+
+    def sizes(self) -> tuple[int, int]:
+        """(key length, drafted length) as llama-server reports them
+        (`speculative.ngram_size_n/m`): those of the chain's first type, ngram-simple's
+        for auto or an empty chain."""
+        first = self.types[0] if self.types and self.types[0] in SPEC_TYPE else "ngram-simple"
+        t, p = SPEC_TYPE[first], self.params(first)
+        return getattr(p, t.key), getattr(p, t.length)
+
+    def with_params(self, role: str, value: int) -> "SpecConfig":
+        """Every type's `role` parameter ("key", "length" or "hits", SpecType) set to
+        `value` (types without that role unchanged)."""
+        changes = {}
+        for t in SPEC_TYPE_TABLE:
+            name = getattr(t, role)
+            if name is not None:
+                extra = {"n_min": min(self.ngram_mod.n_min, value)} if name == "n_max" else {}
+                changes[t.field] = replace(self.params(t.name), **{name: value}, **extra)
+        return replace(self, **changes)
 
     def override(self, *, type: str | None = None, n_max: int | None = None,
                  n_min: int | None = None, p_min: float | None = None,
@@ -107,27 +150,16 @@ class SpecConfig:
         clamped as llama-server clamps them, then validated.
 
         type -> types; n_max -> draft_max (>= 0); n_min -> draft_min (0..n_max);
-        ngram_size_n -> every type's key length (ngram-mod n_match); ngram_size_m ->
-        every type's drafted length (ngram-mod n_max); sizes clamped to [1,
-        NGRAM_LIMIT]; ngram_min_hits -> ngram-map-k/-k4v min_hits ([1, 65535]); p_min
-        -> the draft model's least top probability (draft_p_min)."""
+        ngram_size_n -> every type's key length; ngram_size_m -> every type's drafted
+        length (ngram-mod's n_min lowered to it); both clamped to [1, NGRAM_LIMIT];
+        ngram_min_hits -> min_hits of the types that have the setting ([1, 65535]);
+        p_min -> the draft model's least top probability (draft_p_min). Each type's
+        parameter for each role: SPEC_TYPE_TABLE."""
         cfg = self if type is None else replace(self, types=parse_spec_types(type))
-        if ngram_size_n is not None:
-            n = _clamp(ngram_size_n, 1, NGRAM_LIMIT)
-            cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_n=n),
-                          ngram_map_k=replace(cfg.ngram_map_k, size_n=n),
-                          ngram_map_k4v=replace(cfg.ngram_map_k4v, size_n=n),
-                          ngram_mod=replace(cfg.ngram_mod, n_match=n))
-        if ngram_size_m is not None:
-            m = _clamp(ngram_size_m, 1, NGRAM_LIMIT)
-            cfg = replace(cfg, ngram_simple=replace(cfg.ngram_simple, size_m=m),
-                          ngram_map_k=replace(cfg.ngram_map_k, size_m=m),
-                          ngram_map_k4v=replace(cfg.ngram_map_k4v, size_m=m),
-                          ngram_mod=replace(cfg.ngram_mod, n_max=m, n_min=min(cfg.ngram_mod.n_min, m)))
-        if ngram_min_hits is not None:
-            h = _clamp(ngram_min_hits, 1, 65535)
-            cfg = replace(cfg, ngram_map_k=replace(cfg.ngram_map_k, min_hits=h),
-                          ngram_map_k4v=replace(cfg.ngram_map_k4v, min_hits=h))
+        for role, value, hi in (("key", ngram_size_n, NGRAM_LIMIT), ("hits", ngram_min_hits, 65535),
+                                ("length", ngram_size_m, NGRAM_LIMIT)):
+            if value is not None:
+                cfg = cfg.with_params(role, _clamp(value, 1, hi))
         if p_min is not None:
             cfg = replace(cfg, draft_p_min=float(p_min))
         draft_max = cfg.draft_max if n_max is None else _clamp(n_max, 0)
@@ -222,16 +254,15 @@ def validate(cfg: SpecConfig) -> None:
             raise ConfigError(f"unknown spec type {t!r}; valid values: {valid_types_text()}")
     if cfg.policy not in POLICIES:
         raise ConfigError(f"unknown draft policy {cfg.policy!r}; valid values: {', '.join(POLICIES)}")
-    for name in SPEC_TYPES[:3]:
-        p = cfg.map_params(name)
-        flag = name.replace("ngram-", "--spec-ngram-")
-        _check_range(f"{flag}-size-n (n)", p.size_n, 1, NGRAM_LIMIT)
-        _check_range(f"{flag}-size-m (m)", p.size_m, 1, NGRAM_LIMIT)
-        _check_range(f"{flag}-min-hits", p.min_hits, 1, 65535)
+    for t in SPEC_TYPE_TABLE:
+        p, flag = cfg.params(t.name), f"--spec-{t.name}"
+        _check_range(f"{flag}-{t.key.replace('_', '-')} (n)", getattr(p, t.key), 1, NGRAM_LIMIT)
+        _check_range(f"{flag}-{t.length.replace('_', '-')} (m)", getattr(p, t.length), 1,
+                     NGRAM_LIMIT)
+        if isinstance(p, NgramMapParams):
+            _check_range(f"{flag}-min-hits", p.min_hits, 1, 65535)
     mod = cfg.ngram_mod
-    _check_range("--spec-ngram-mod-n-match (n)", mod.n_match, 1, NGRAM_LIMIT)
     _check_range("--spec-ngram-mod-n-min", mod.n_min, 0, NGRAM_LIMIT)
-    _check_range("--spec-ngram-mod-n-max (m)", mod.n_max, 1, NGRAM_LIMIT)
     if mod.n_min > mod.n_max:
         raise ConfigError(f"--spec-ngram-mod-n-min ({mod.n_min}) must not exceed "
                           f"--spec-ngram-mod-n-max ({mod.n_max})")
@@ -268,33 +299,27 @@ class SpecOption:
     generic: bool = False
 
 
-_MAPS = ("ngram_simple", "ngram_map_k", "ngram_map_k4v")
+def _targets(role: str) -> tuple[str, ...]:
+    """The SpecConfig paths a generic setting of `role` (SpecType) writes."""
+    return tuple(f"{t.field}.{getattr(t, role)}" for t in SPEC_TYPE_TABLE if getattr(t, role))
 
 SPEC_OPTIONS: tuple[SpecOption, ...] = (
     SpecOption("draft_max", ("--draft-max", "--draft-n", "--draft", "--spec-draft-n-max"),
                ("draft_max",), "cap on draft length for every spec type (default: the type's own max)"),
     SpecOption("draft_min", ("--draft-min", "--draft-n-min", "--spec-draft-n-min"),
                ("draft_min",), "drafts shorter than this are dropped (default: 0)"),
-    SpecOption("spec_ngram_size_n", ("--spec-ngram-size-n",),
-               tuple(f"{m}.size_n" for m in _MAPS) + ("ngram_mod.n_match",),
+    SpecOption("spec_ngram_size_n", ("--spec-ngram-size-n",), _targets("key"),
                "key n-gram length for every ngram type (ngram-mod: n_match)", generic=True),
-    SpecOption("spec_ngram_size_m", ("--spec-ngram-size-m",),
-               tuple(f"{m}.size_m" for m in _MAPS) + ("ngram_mod.n_max",),
+    SpecOption("spec_ngram_size_m", ("--spec-ngram-size-m",), _targets("length"),
                "drafted m-gram length for every ngram type (ngram-mod: n_max)", generic=True),
-    SpecOption("spec_ngram_min_hits", ("--spec-ngram-min-hits",),
-               tuple(f"{m}.min_hits" for m in _MAPS),
-               "hits before a key drafts (ngram-map-k, ngram-map-k4v)", generic=True),
-    SpecOption("spec_ngram_mod_n_match", ("--spec-ngram-mod-n-match",), ("ngram_mod.n_match",),
-               "ngram-mod lookup length (default: 24)"),
-    SpecOption("spec_ngram_mod_n_min", ("--spec-ngram-mod-n-min",), ("ngram_mod.n_min",),
-               "ngram-mod minimum draft (default: 48)"),
-    SpecOption("spec_ngram_mod_n_max", ("--spec-ngram-mod-n-max",), ("ngram_mod.n_max",),
-               "ngram-mod maximum draft (default: 64)"),
+    SpecOption("spec_ngram_min_hits", ("--spec-ngram-min-hits",), _targets("hits"),
+               "hits before a key drafts ("
+               + ", ".join(t.name for t in SPEC_TYPE_TABLE if t.hits) + ")", generic=True),
 ) + tuple(
-    SpecOption(f"spec_{m}_{f}", (f"--spec-{m.replace('_', '-')}-{f.replace('_', '-')}",),
-               (f"{m}.{f}",),
-               f"{m.replace('_', '-')} {f.replace('_', '-')} (default: {d})")
-    for m in _MAPS for f, d in (("size_n", 12), ("size_m", 48), ("min_hits", 1))
+    SpecOption(f"spec_{t.field}_{f.name}", (f"--spec-{t.name}-{f.name.replace('_', '-')}",),
+               (f"{t.field}.{f.name}",),
+               f"{t.name} {f.name.replace('_', '-')} (default: {f.default})")
+    for t in SPEC_TYPE_TABLE for f in dataclass_fields(t.params)
 )
 
 

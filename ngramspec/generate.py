@@ -22,7 +22,7 @@ from .config import SpecConfig
 from .engine import Engine, SeqState, StepOutput
 from .model import Model
 from .sampling import SamplingParams, TokenProbs
-from .stats import timings
+from .stats import timings, tokens_per_step
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class GenerationResponse:
     @property
     def tokens_per_step(self) -> float:
         """Tokens per verify step (accepted + 1 each); the prompt's token excluded."""
-        return (self.generation_tokens - 1) / self.steps if self.steps else 1.0
+        return tokens_per_step(self.generation_tokens - 1, self.steps)
 
     def timings(self) -> dict:
         """llama.cpp's `timings` object."""

@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from .corpus import Document, documents, interleave
 from .errors import ConfigError
+from .stats import tokens_per_step
 
 
 @dataclass
@@ -52,7 +53,7 @@ class RunResult:
     @property
     def tokens_per_step(self) -> float:
         """Mean tokens per verify step of one request (accepted drafts + 1)."""
-        return (self.steps + self.accepted) / self.steps if self.steps else 1.0
+        return tokens_per_step(self.steps + self.accepted, self.steps)
 
 
 def load_documents(source: str | None, n: int | None = None) -> list[Document]:

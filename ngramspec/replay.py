@@ -28,6 +28,7 @@ from .errors import NgramSpecError
 from .model import MAX_INVARIANT_BATCH
 from .policy import FixedPolicy
 from .speculation import Speculation
+from .stats import tokens_per_step
 
 
 @dataclass
@@ -77,7 +78,7 @@ class ReplayResult:
     @property
     def tokens_per_step(self) -> float:
         """Mean tokens emitted per verify step, bonus token included."""
-        return (self.n_generated - 1) / self.steps if self.steps else 0.0
+        return tokens_per_step(self.n_generated - 1, self.steps)
 
     @property
     def acceptance_rate(self) -> float:

@@ -28,10 +28,7 @@ class DrafterStats:
 
     def record_accept(self, n_accepted: int) -> None:
         self.n_call_accept += 1
-        if len(self.acc_per_pos) < n_accepted:
-            self.acc_per_pos.extend([0] * (n_accepted - len(self.acc_per_pos)))
-        for i in range(n_accepted):
-            self.acc_per_pos[i] += 1
+        count_accepted(self.acc_per_pos, n_accepted)
         if n_accepted > 0:
             self.n_acc_drafts += 1
             self.n_acc_tokens += n_accepted
@@ -59,6 +56,25 @@ class DrafterStats:
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_acceptance_length"] = self.mean_acceptance_length
         return d
+
+
+def count_accepted(per_pos: list[int], n_accepted: int, n_drafted: int = 0) -> None:
+    """Count one verified draft in an accepted-per-position histogram: per_pos[i] += 1
+    for each of its first n_accepted positions; the list grows to max(n_accepted,
+    n_drafted) entries (the positions offered, for a histogram that shows misses)."""
+    want = max(n_accepted, n_drafted)
+    if len(per_pos) < want:
+        per_pos.extend([0] * (want - len(per_pos)))
+    for i in range(n_accepted):
+        per_pos[i] += 1
+
+
+def tokens_per_step(emitted: int, steps: int) -> float:
+    """Mean tokens one verify step emits (its accepted draft tokens + 1): `emitted` is
+    what `steps` steps emitted (a prompt's first token, which no step emits, excluded).
+    1.0, plain decoding's value, when no step ran. Every tokens-per-step figure of the
+    project (generate, bench, replay, the pipeline bench, batch) is this one."""
+    return emitted / steps if steps else 1.0
 
 
 def acceptance_line(accepted: int, generated: int) -> str:

@@ -25,3 +25,28 @@ def test_no_function_over_60_lines():
                 if n > 60:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({n} lines)")
     assert not long, long
+
+
+def test_flags_and_a_request_override_mean_the_same_for_every_role():
+    """The generic flags and a request's `speculative` fields both derive from
+    config.SPEC_TYPE_TABLE: the same value gives the same config."""
+    from ngramspec.config import SPEC_TYPE_TABLE, spec_config_from_options
+
+    for types in ("ngram-mod", "ngram-simple,ngram-map-k", "auto"):
+        base = spec_config_from_options(types)
+        for flag, field, value in (("spec_ngram_size_n", "ngram_size_n", 8),
+                                   ("spec_ngram_size_m", "ngram_size_m", 16),
+                                   ("spec_ngram_min_hits", "ngram_min_hits", 3)):
+            assert spec_config_from_options(types, **{flag: value}) == \
+                base.override(**{field: value}), (types, flag)
+    cfg = spec_config_from_options("ngram-map-k", spec_ngram_min_hits=3)
+    for t in SPEC_TYPE_TABLE:  # only the types whose table row has the role
+        assert (getattr(cfg.params(t.name), "min_hits", None) == 3) == (t.hits is not None)
+
+
+def test_props_sizes_are_the_first_types():
+    from ngramspec.config import SpecConfig
+
+    assert SpecConfig(types=("ngram-mod",)).sizes() == (24, 64)
+    assert SpecConfig(types=("ngram-map-k", "ngram-mod")).sizes() == (12, 48)
+    assert SpecConfig(types=("auto",)).sizes() == SpecConfig(types=()).sizes() == (12, 48)

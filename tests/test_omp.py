@@ -48,7 +48,7 @@ def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
             return fn(self, *a, **kw)
         return call
 
-    for cls, name in ((Model, "__init__"), (Context, "__init__"), (Context, "_run")):
+    for cls, name in ((Model, "__init__"), (Context, "__init__"), (Context, "run_rows")):
         monkeypatch.setattr(cls, name, recorded(getattr(cls, name)))
     engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=2)
     try:

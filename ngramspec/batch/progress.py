@@ -15,6 +15,7 @@ from rich.table import Table
 
 from .results import BatchResult
 from .speed import SpeedStats
+from ..stats import tokens_per_step
 
 
 @dataclass
@@ -67,8 +68,8 @@ class Tally:
         return self.accepted / self.drafted if self.drafted else None
 
     @property
-    def tokens_per_step(self) -> float | None:
-        return self.after_first / self.seq_steps if self.seq_steps else None
+    def tokens_per_step(self) -> float:
+        return tokens_per_step(self.after_first, self.seq_steps)
 
     @property
     def remaining(self) -> int | None:
@@ -157,8 +158,7 @@ def summary_table(t: Tally, speed: SpeedStats | None, output: str, workers: str)
     tab.add_row("aggregate tok/s", f"{t.tok_per_s:.1f}")
     tab.add_row("draft acceptance",
                 "-" if t.acceptance is None else f"{t.acceptance:.1%} ({t.accepted}/{t.drafted})")
-    tab.add_row("tokens per verify step", "-" if t.tokens_per_step is None
-                else f"{t.tokens_per_step:.2f}")
+    tab.add_row("tokens per verify step", f"{t.tokens_per_step:.2f}")
     tab.add_row("speedup over plain decoding", _speedup_text(speed))
     return tab
 

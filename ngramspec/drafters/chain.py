@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig
+from ..config import SPEC_TYPE, SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig
 from ..errors import ConfigError
 from ..pool import HashPool
 from ..stats import DrafterStats
@@ -26,14 +26,12 @@ from .ngram_map import NgramMapK, NgramMapK4V
 from .ngram_mod import NgramMod
 from .ngram_simple import NgramSimple
 
-#: llama.cpp name -> factory(config, pool)
+#: llama.cpp name (config.SPEC_TYPE_TABLE) -> drafter class, built on its parameters
+#: (`SpecConfig.params(name)`) and a pool
+_CLASSES = {"ngram-simple": NgramSimple, "ngram-map-k": NgramMapK, "ngram-map-k4v": NgramMapK4V,
+            "ngram-mod": NgramMod}
 REGISTRY: dict[str, Callable[[SpecConfig, HashPool], Drafter]] = {
-    "ngram-simple": lambda c, p: NgramSimple(c.ngram_simple, p),
-    "ngram-map-k": lambda c, p: NgramMapK(c.ngram_map_k, p),
-    "ngram-map-k4v": lambda c, p: NgramMapK4V(c.ngram_map_k4v, p),
-    "ngram-mod": lambda c, p: NgramMod(c.ngram_mod, p),
-}
-assert tuple(REGISTRY) == SPEC_TYPES
+    name: (lambda c, p, name=name: _CLASSES[name](c.params(name), p)) for name in SPEC_TYPES}
 
 
 def make_drafter(name: str, config: SpecConfig | None = None,
@@ -44,9 +42,6 @@ def make_drafter(name: str, config: SpecConfig | None = None,
     config = config or SpecConfig(types=(name,))
     return REGISTRY[name](config, pool or HashPool(config.pool_bytes))
 
-
-_FIELD = {"ngram-simple": "ngram_simple", "ngram-map-k": "ngram_map_k",
-          "ngram-map-k4v": "ngram_map_k4v", "ngram-mod": "ngram_mod"}
 
 #: The drafters `--spec-type auto` compares every step: (type, parameters, name).
 #: Long keys are precise; short keys catch copies that resume after an edit.
@@ -62,13 +57,13 @@ def drafter_keys(cfg: SpecConfig) -> list[tuple]:
     """(type, parameters, name) of every drafter `cfg` chains, in chain order."""
     if cfg.auto:
         return list(AUTO_CANDIDATES)
-    return [(t, cfg.ngram_mod if t == "ngram-mod" else cfg.map_params(t), t) for t in cfg.types]
+    return [(t, cfg.params(t), t) for t in cfg.types]
 
 
 def make_drafter_for(key: tuple, cfg: SpecConfig, pool: HashPool):
     """One drafter for a `drafter_keys` entry, on `pool`."""
     t, params, name = key
-    d = REGISTRY[t](replace(cfg, types=(t,), **{_FIELD[t]: params}), pool)
+    d = REGISTRY[t](replace(cfg, types=(t,), **{SPEC_TYPE[t].field: params}), pool)
     d.name = name
     return d
 

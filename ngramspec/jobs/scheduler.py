@@ -45,6 +45,7 @@ from ..engine import Engine, SeqState, StepOutput
 from ..errors import NgramSpecError, Unavailable
 from ..generate import Generation, GenerationResponse
 from ..sampling import SamplingParams
+from ..stats import count_accepted
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
@@ -139,10 +140,7 @@ class Counters:
         self.num_drafts += 1
         self.num_draft_tokens += out.drafted
         self.num_accepted_tokens += out.accepted
-        if len(self.accepted_per_pos) < out.drafted:
-            self.accepted_per_pos.extend([0] * (out.drafted - len(self.accepted_per_pos)))
-        for i in range(out.accepted):
-            self.accepted_per_pos[i] += 1
+        count_accepted(self.accepted_per_pos, out.accepted, out.drafted)
 
 
 @dataclass

@@ -42,7 +42,6 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
     """llama-server's `generation_settings` / slot `params` object. `logit_bias` is the
     chain's (`SamplingParams.biases`: with ignore_eos every EOG token at -inf), which
     needs the `model`; without it only the request's own biases are listed."""
-    mod_only = spec.types == ("ngram-mod",)
     biases = sampling.biases(model) if model is not None else sampling.logit_bias
     return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
@@ -55,10 +54,8 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
             "speculative": speculative,
             "speculative.types": ",".join(spec.types) or "none",
             "speculative.n_max": spec.max_draft(), "speculative.n_min": spec.draft_min,
-            "speculative.ngram_size_n": spec.ngram_mod.n_match if mod_only
-            else spec.ngram_simple.size_n,
-            "speculative.ngram_size_m": spec.ngram_mod.n_max if mod_only
-            else spec.ngram_simple.size_m,
+            "speculative.ngram_size_n": spec.sizes()[0],
+            "speculative.ngram_size_m": spec.sizes()[1],
             "timings_per_token": timings_per_token}
 
 
