@@ -146,8 +146,7 @@ def read_prompt(prompt: str | None, file: str | None) -> str:
 @flags.options("generate")
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object instead of text")
 @click.pass_context
-def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, prompt_file,
-             n_predict, draft_p_min, as_json, verbose, no_batch_invariance, **kw) -> None:
+def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbose, **kw) -> None:
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
     from .generate import stream_generate
     from .runtime import load_engine
@@ -156,14 +155,11 @@ def generate(ctx: click.Context, model, model_draft, ctx_size, threads, prompt, 
     if verbose:
         ctx.obj["verbose"] = True
     text = read_prompt(prompt, prompt_file)
-    options = flags.load_options(kw)
     sampling = flags.sampling_from_values(kw)
-    spec = flags.spec_from_values(kw, model_draft)
+    settings = flags.engine_settings(kw, verbose=bool(ctx.obj.get("verbose")))
+    spec = settings.spec
     with err_console.status("loading model ..."):
-        engine = load_engine(model, model_draft, ctx_size, threads, spec, n_seq=1,
-                             verbose=bool(ctx.obj.get("verbose")), draft_p_min=draft_p_min,
-                             notify=lambda line: err_console.print(line),
-                             batch_invariant=not no_batch_invariance, options=options)
+        engine = load_engine(settings, notify=lambda line: err_console.print(line))
     _HELD_TILL_EXIT.append(engine)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
@@ -231,9 +227,9 @@ def _calibration_json(cal) -> dict:
               help="pipeline mode: ngramspec's fixed spec types to run beside auto ('none': "
                    "only off, auto and the oracle)")
 @click.pass_context
-def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, threads, n_predict,
-          reps, workloads, no_oracle, json_out, plot_path, llama_server, no_batch_invariance,
-          parallel, docs, n_docs, peer_types, own_types, verbose, **kw) -> None:
+def bench(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracle, json_out,
+          plot_path, llama_server, parallel, docs, n_docs, peer_types, own_types, verbose,
+          **kw) -> None:
     """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
 
     Each spec type in --spec-type is a separate mode; the table shows the median
@@ -241,39 +237,40 @@ def bench(ctx: click.Context, prompt_files, model, model_draft, ctx_size, thread
     With --parallel, documents run through servers instead (`pipeline_bench.py`).
     """
     if parallel is not None:
-        _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
-                        llama_server, peer_types, json_out, own_types)
+        passed = {"targets": ("model", "spec"),
+                  "skip": ("model", "ctx_size", "threads", "spec_type")}
+        _bench_pipeline(parallel, docs, n_docs, n_predict, kw["threads"], kw["ctx_size"],
+                        kw["model"], llama_server, peer_types, json_out, own_types,
+                        (flags.given_argv(ctx, "bench", **passed),
+                         flags.given_argv(ctx, "bench", **passed, peer=True)))
         return
     from . import bench as B
     from .config import check_draft_model, parse_spec_types
     from .runtime import load_engine
 
-    fast = no_batch_invariance
     if verbose:
         ctx.obj["verbose"] = True
     mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
     for t in mode_types:
         parse_spec_types(t)  # each mode is validated on its own
-        check_draft_model(t, model_draft is not None)
-    spec = flags.spec_from_values(kw, model_draft)
-    options = flags.load_options(kw)
+        check_draft_model(t, kw["model_draft"] is not None)
+    spec = flags.spec_from_values(kw, kw["model_draft"])
+    settings = flags.engine_settings(kw, verbose=bool(ctx.obj.get("verbose")),
+                                     spec=spec.with_types("auto"))
     if reps < 1 or n_predict < 1:
         raise ConfigError("--reps and -n must be >= 1")
     works = _bench_workloads(B, workloads, prompt_files)
     modes = ["off", *[t for t in mode_types if t != "none"]] + ([] if no_oracle else ["oracle"])
     with err_console.status("loading model ..."):
-        base = load_engine(model, model_draft, ctx_size, threads,
-                           spec.with_types("auto"), verbose=bool(ctx.obj.get("verbose")),
-                           batch_invariant=not fast, options=options,
-                           notify=lambda line: err_console.print(line))
+        base = load_engine(settings, notify=lambda line: err_console.print(line))
     m, cost, threads = base.model, base.policy.cost, base.ctx.params.n_threads
     peer_types = [t for t in mode_types if t in B.SPEC_TYPES] if llama_server else []
     all_results, peers = _bench_runs(B, base, works, modes, spec, n_predict, reps,
-                                     llama_server, peer_types, ctx_size)
+                                     llama_server, peer_types, settings.n_ctx)
     for name, res in all_results.items():
         _print_bench(name, res, n_predict, reps, peers.get(name))
     meta = {"model": str(m.path), "threads": threads, "n_predict": n_predict, "reps": reps,
-            "modes": modes, "batch_invariant": not fast,
+            "modes": modes, "batch_invariant": settings.batch_invariant,
             "decode_cost": {"per_ubatch_s": cost.per_ubatch, "per_token_s": cost.per_token,
                             "per_logit_s": cost.per_logit, "per_kv_s": cost.per_kv}}
     if json_out:
@@ -335,7 +332,9 @@ def _bench_runs(B, base, works, modes, spec, n_predict, reps, llama_server, peer
 
 
 def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model, llama_server,
-                    peer_types, json_out, own_types="none") -> None:
+                    peer_types, json_out, own_types="none", args=((), ())) -> None:
+    """`bench --parallel`; `args`: the load, -md and spec flags the user gave, as
+    command lines for ngramspec's server and for llama-server."""
     from dataclasses import asdict
 
     from . import pipeline_bench as PB
@@ -352,7 +351,8 @@ def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
     own = [t.strip() for t in own_types.split(",") if t.strip() and t.strip() != "none"]
     with err_console.status("pipeline benchmark ...") as status:
         rep = PB.run(documents, counts, n_predict, threads or default_threads(), ctx_size, model,
-                     llama_server, types, progress=lambda s: status.update(s), own_types=own)
+                     llama_server, types, progress=lambda s: status.update(s), own_types=own,
+                     server_args=args[0], peer_args=args[1])
     _print_pipeline(rep, counts, len(documents), n_predict)
     if json_out:
         Path(json_out).write_text(json.dumps({"runs": [asdict(r) for r in rep.runs],

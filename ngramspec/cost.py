@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -408,3 +408,58 @@ def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
             active[i] = False
     coef[0] = max(coef[0], 1e-4)
     return coef
+
+
+# ------------------------------------------------------------------ a context's curve
+
+
+def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], float]:
+    """`measure(shapes)`: seconds of one decode of `shapes` in `ctx` on scratch content.
+    The sequences must be free; each keeps its n_kv scratch cells (recorded in
+    `scratch`) for the next measurement; the caller clears them. Scratch content is
+    decoded in chunks of at most n_batch."""
+    rng = np.random.default_rng(0)
+    chunk = min(512, ctx.n_batch)
+
+    def measure(shapes: Sequence[Shape]) -> float:
+        for s in shapes:
+            if scratch.get(s.seq_id, 0) != s.n_kv:
+                ctx.clear(s.seq_id)
+                for p in range(0, s.n_kv, chunk):
+                    n = min(chunk, s.n_kv - p)
+                    ctx.run_rows([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
+                scratch[s.seq_id] = s.n_kv
+        entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
+                    s.n_logits == s.n_tokens) for s in shapes]
+        t0 = time.perf_counter()
+        ctx.decode(entries)
+        dt = time.perf_counter() - t0
+        for s in shapes:
+            ctx.truncate(s.seq_id, s.n_kv)
+        return dt
+    return measure
+
+
+def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
+    """The decode-cost model of a context (`model.Context`): its model file, layout and
+    thread count (cached; `load_or_calibrate`), with the time it took. Decodes nothing
+    unless `refresh`; then it measures on the context's sequences, which must be free
+    (no engine's cached prompt in them), and clears them after (a warm-up decode
+    first: the first decodes allocate buffers)."""
+    t0 = time.perf_counter()
+    layout = {"per_seq_streams": ctx.per_seq_streams, "n_ubatch": ctx.n_ubatch,
+              "pad": ctx.invariant, "logit_quantum": ctx.logit_quantum}
+    key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
+           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3")
+    scratch: dict[int, int] = {}
+    measure = _measure_on(ctx, scratch)
+    try:
+        if refresh:
+            warm = min(8, ctx.n_batch - ctx.invariant)
+            measure([Shape(0, warm, warm)])
+        cal = load_or_calibrate(key, measure, layout, ctx.params.n_seq_max, ctx.n_ctx_seq,
+                                refresh=refresh, n_batch=ctx.n_batch)
+        return replace(cal, seconds=time.perf_counter() - t0)
+    finally:
+        for seq_id in scratch:
+            ctx.clear(seq_id)

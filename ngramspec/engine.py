@@ -44,17 +44,17 @@ Invariants (per sequence, after every step):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from . import planner
 from .config import SpecConfig
-from .cost import Calibration, Shape, load_or_calibrate
+from .cost import Calibration, Shape
 from .draft_model import DraftModelDrafter
-from .drafters import DrafterChain, as_tokens
-from .drafters.chain import drafter_keys, make_drafter_for
+from .drafters import as_tokens
+from .drafters.chains import Chains
 from .drafters.prediction import PredictionDrafter
 from .errors import ConfigError, NgramSpecError
 from .model import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context, ContextOverflow, Model
@@ -64,8 +64,6 @@ from .sampling import Sampler, SamplingParams
 from .speculation import Speculation
 from .stats import DrafterStats
 from .synth import SynthAcceptance
-
-MAX_CONFIGS = 64
 
 
 @dataclass
@@ -150,41 +148,17 @@ class Engine:
     """
 
     def __init__(self, model: Model, ctx: Context, spec: SpecConfig | None = None,
-                 draft_drafter=None, policy: DraftPolicy | None = None):
+                 draft_drafter=None, policy: DraftPolicy | None = None,
+                 calibration: Calibration | None = None):
         self.model, self.ctx = model, ctx
         self.spec = spec or SpecConfig(types=())
         self.policy: DraftPolicy = policy or FixedPolicy()
         self.pool = HashPool(self.spec.pool_bytes)
         self.draft_drafter = draft_drafter
-        self._drafters: dict[tuple, object] = {}
-        self._chains: dict[SpecConfig, DrafterChain] = {}
+        self.chains = Chains(self.pool, draft_drafter)
         self.cache: dict[int, SlotCache] = {}
-        self._scratch: dict[int, int] = {}  # calibration: scratch cells per sequence id
         self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
-        self.calibration: Calibration | None = None  # how the cost model was obtained
-
-    def chain_for(self, cfg: SpecConfig) -> DrafterChain:
-        """The (cached) chain for `cfg`, built from shared drafter instances.
-
-        At most MAX_CONFIGS chains and drafters are cached (oldest evicted): a
-        sequence keeps its own chain object, and a re-created ngram-mod drafter
-        with the same parameters reads the same pool entries, so eviction only
-        costs per-request statistics, never correctness.
-        """
-        chain = self._chains.get(cfg)
-        if chain is None:
-            for cache in (self._chains, self._drafters):
-                while len(cache) >= MAX_CONFIGS:
-                    del cache[next(iter(cache))]
-            drafters = []
-            for key in drafter_keys(cfg):
-                if key not in self._drafters:
-                    self._drafters[key] = make_drafter_for(key, cfg, self.pool)
-                drafters.append(self._drafters[key])
-            if self.draft_drafter is not None:  # draftless first, the draft model last
-                drafters.append(self.draft_drafter)
-            chain = self._chains[cfg] = DrafterChain(cfg, self.pool, drafters)
-        return chain
+        self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
 
     # ------------------------------------------------------------ admission
     def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
@@ -249,7 +223,7 @@ class Engine:
             self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
         own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
         if self.speculates(cfg, speculative, bool(own)):
-            st.spec = Speculation(seq_id, self.chain_for(cfg), self.policy, own)
+            st.spec = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
             st.spec.begin(prompt)
             if self.synth:
                 st.synth = SynthAcceptance(self.synth, sampling.seed)
@@ -469,66 +443,6 @@ class Engine:
         finally:
             self.finish(st)
 
-    # ------------------------------------------------------------ cost calibration
-    def measure_decode(self, shapes: Sequence[Shape]) -> float:
-        """Seconds for one decode of `shapes` on scratch content. The sequences must be
-        free; each keeps its n_kv scratch cells for the next measurement (`calibrate`
-        clears them). The scratch content is decoded in chunks of at most n_batch."""
-        rng = np.random.default_rng(0)
-        chunk = min(512, self.ctx.n_batch)
-        for s in shapes:
-            have = self._scratch.get(s.seq_id, 0)
-            if have != s.n_kv:
-                self.ctx.clear(s.seq_id)
-                for p in range(0, s.n_kv, chunk):
-                    n = min(chunk, s.n_kv - p)
-                    self.ctx.run_rows([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
-                self._scratch[s.seq_id] = s.n_kv
-        entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
-                    s.n_logits == s.n_tokens) for s in shapes]
-        t0 = time.perf_counter()
-        self.ctx.decode(entries)
-        dt = time.perf_counter() - t0
-        for s in shapes:
-            self.ctx.truncate(s.seq_id, s.n_kv)
-        return dt
-
-    def calibrate(self, refresh: bool = False) -> Calibration:
-        """The decode-cost model of this model, context layout and thread count (cached;
-        cost.load_or_calibrate), also kept as `self.calibration` with the time it took.
-        Decodes nothing unless `refresh` (then a warm-up decode first: the first decodes
-        allocate buffers)."""
-        t0 = time.perf_counter()
-        p, c = self.model.path, self.ctx
-        layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch, "pad": c.invariant,
-                  "logit_quantum": c.logit_quantum}
-        key = (f"{p.resolve()}:{p.stat().st_size}:threads={c.params.n_threads}:"
-               f"invariant={c.invariant}:streams={c.per_seq_streams}:model=v3")
-        self._scratch = {}
-        try:
-            if refresh:
-                warm = min(8, c.n_batch - c.invariant)
-                self.measure_decode([Shape(0, warm, warm)])
-            cal = load_or_calibrate(key, self.measure_decode, layout, c.params.n_seq_max,
-                                    c.n_ctx_seq, refresh=refresh, n_batch=c.n_batch)
-            self.calibration = replace(cal, seconds=time.perf_counter() - t0)
-            return self.calibration
-        finally:
-            for seq_id in self._scratch:
-                self.forget(seq_id)
-            self._scratch = {}
-
     def stats(self) -> dict[str, DrafterStats]:
         """llama.cpp-style counters per drafter, summed over every chain in use."""
-        total: dict[str, DrafterStats] = {}
-        for chain in self._chains.values():
-            for name, st in chain.stats.items():
-                acc = total.setdefault(name, DrafterStats(name))
-                for k, v in st.__dict__.items():
-                    if k == "acc_per_pos":
-                        acc.acc_per_pos += [0] * (len(v) - len(acc.acc_per_pos))
-                        for i, x in enumerate(v):
-                            acc.acc_per_pos[i] += x
-                    elif k != "name":
-                        setattr(acc, k, getattr(acc, k) + v)
-        return total
+        return self.chains.stats()

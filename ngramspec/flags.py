@@ -545,6 +545,32 @@ def given(ctx: click.Context, dest: str) -> bool:
     return src is not None and src.name in ("COMMANDLINE", "ENVIRONMENT")
 
 
+#: flags of ngramspec's own (llama-server has no such flag): `given_argv(..., peer=True)`
+#: leaves them out of a llama-server command line
+OWN_FLAGS = frozenset({"draft_policy", "spec_pool_mib", "no_batch_invariance"})
+
+
+def given_argv(ctx: click.Context, command: str, targets: Iterable[str],
+               skip: Iterable[str] = (), peer: bool = False) -> list[str]:
+    """The flags of `targets` the user gave to `command`, as a command line again (their
+    canonical spelling, the value as given): what `bench --parallel` passes on to the
+    servers it starts. `skip`: dests passed some other way; `peer`: for llama-server
+    (OWN_FLAGS left out)."""
+    out: list[str] = []
+    leave = set(skip) | (OWN_FLAGS if peer else set())
+    for f in for_command(command, targets):
+        if f.dest in leave or not given(ctx, f.dest):
+            continue
+        value = ctx.params.get(f.dest)
+        if f.neg:
+            out.append(f.name if value else f.neg[-1])
+        elif f.switch:
+            out += [f.name] if value else []
+        elif value is not None:
+            out += [f.name, str(value)]
+    return out
+
+
 def warnings_for(ctx: click.Context, command: str, values: dict[str, Any]) -> list[str]:
     """One line per flag that was given but has no effect here (or only part of it)."""
     lines = []
@@ -634,6 +660,23 @@ def load_options(kw: dict[str, Any]):
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
                        load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
                        repack=v["repack"])
+
+
+def engine_settings(kw: dict[str, Any], n_seq: int = 1, verbose: bool = False,
+                    spec: SpecConfig | None = None):
+    """Pop a command's model, load and speculation flags (-m, -md, -c, -t,
+    --draft-p-min, --no-batch-invariance, `load_options`' and `spec_from_values`')
+    into the one runtime.EngineSettings (`spec`: one built already)."""
+    from .runtime import EngineSettings
+
+    model_draft = kw.pop("model_draft", None)
+    return EngineSettings(
+        model=kw.pop("model", None), model_draft=model_draft,
+        n_ctx=kw.pop("ctx_size"), threads=kw.pop("threads", None),
+        spec=spec if spec is not None else spec_from_values(kw, model_draft),
+        n_seq=n_seq, draft_p_min=kw.pop("draft_p_min", 0.0) or 0.0,
+        batch_invariant=not kw.pop("no_batch_invariance", False),
+        options=load_options(kw), verbose=verbose)
 
 
 def defaults(command: str, targets: Iterable[str] | None = None) -> dict[str, Any]:

@@ -137,15 +137,17 @@ def mode_body(mode: str) -> dict:
 def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
                   threads: int, slot_ctx: int, model: str | None,
                   progress: Callable[[str], None] = lambda s: None,
-                  extra_checks: Callable[[str], dict] | None = None, clients: int | None = None
-                  ) -> tuple[list[RunResult], dict]:
-    """One `ngramspec serve -np slots` process; each mode is a per-request setting,
-    sent by `clients` concurrent clients (default: one per slot). "oracle" needs
-    "off" earlier in `modes` (its outputs are the predictions). `extra_checks(url)`
-    runs on the same server after the modes."""
+                  extra_checks: Callable[[str], dict] | None = None, clients: int | None = None,
+                  server_args: Sequence[str] = ()) -> tuple[list[RunResult], dict]:
+    """One `ngramspec serve -np slots` process (`server_args`: the user's load, -md and
+    spec flags); each mode is a per-request setting, sent by `clients` concurrent
+    clients (default: one per slot). "oracle" needs "off" earlier in `modes` (its
+    outputs are the predictions). `extra_checks(url)` runs on the same server after the
+    modes."""
     from .server.launch import start_server
 
-    args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0"]
+    args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0",
+            *server_args]
     if model:
         args += ["-m", model]
     sp = start_server(args, timeout=900)
@@ -246,11 +248,12 @@ class PipelineReport:
 
 def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threads: int,
         slot_ctx: int, model: str | None, llama_server: str | None, peer_types: Sequence[str],
-        progress: Callable[[str], None] = lambda s: None,
-        own_types: Sequence[str] = ()) -> PipelineReport:
+        progress: Callable[[str], None] = lambda s: None, own_types: Sequence[str] = (),
+        server_args: Sequence[str] = (), peer_args: Sequence[str] = ()) -> PipelineReport:
     """ngramspec (off, auto, each of `own_types` as a fixed type, and the oracle: what
     perfect drafts give at that slot count) and llama-server (none + each of
-    `peer_types`) at every slot count, one server at a time."""
+    `peer_types`) at every slot count, one server at a time; `server_args` and
+    `peer_args` go on their command lines (the user's load, -md and spec flags)."""
     from .model import default_model_path
 
     rep = PipelineReport()
@@ -258,7 +261,7 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
         modes = ["off", "auto", *own_types, "oracle"]
         checks = prompt_checks if n == 1 else None
         res, chk = run_ngramspec(docs, n, modes, n_predict, threads, slot_ctx, model, progress,
-                                 checks)
+                                 checks, server_args=server_args)
         rep.runs += res
         if chk:
             rep.checks["ngramspec"] = chk
@@ -267,7 +270,8 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
             for t in ["none", *peer_types]:
                 progress(f"llama-server -np {n}: {t}")
                 r, chk = run_llama_server(llama_server, path, docs, n, t, n_predict, threads,
-                                          slot_ctx, extra_checks=checks if t == "none" else None)
+                                          slot_ctx, peer_args,
+                                          extra_checks=checks if t == "none" else None)
                 rep.runs.append(r)
                 if chk:
                     rep.checks["llama-server"] = chk

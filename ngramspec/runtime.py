@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from .config import SpecConfig
+from .cost import calibrate_context
 from .engine import Engine
 from .errors import ConfigError
 from .model import (TILED_PREFILL_MIN, ContextParams, Model, check_model_file,
@@ -103,12 +104,27 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     return model, box.get("twin")
 
 
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything `load_engine` needs: the one object generate, serve, batch and bench
+    build (`flags.engine_settings` from the flag table; the server from its settings,
+    which the same table defines) and pass."""
+
+    model: str | None = None  # None: the embedded model
+    model_draft: str | None = None
+    n_ctx: int = 4096
+    threads: int | None = None  # None: every core
+    spec: SpecConfig = field(default_factory=lambda: SpecConfig(types=()))
+    n_seq: int = 1
+    draft_p_min: float = 0.0
+    batch_invariant: bool = True
+    options: LoadOptions = field(default_factory=LoadOptions)
+    verbose: bool = False
+
+
 @on_passing_thread
-def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, threads: int | None,
-                spec: SpecConfig, n_seq: int = 1, verbose: bool = False,
-                draft_p_min: float = 0.0, n_batch: int = 512,
-                notify: Callable[[str], None] = lambda line: None,
-                batch_invariant: bool = True, options: LoadOptions | None = None) -> Engine:
+def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda line: None
+                ) -> Engine:
     """Load the target (and optional draft) model and return a ready Engine.
 
     With spec type auto, free memory decides whether the draft model is loaded
@@ -116,35 +132,35 @@ def load_engine(model_path: str | None, draft_path: str | None, n_ctx: int, thre
     one line per llama.cpp setting kept for exactness (`context_params`).
 
     Runs on a thread of its own that has ended when it returns (`omp.on_passing_thread`):
-    the decodes of loading (calibration, warm-up) leave no OpenMP pool on the caller's
-    thread to slow the decodes of whichever thread runs the engine afterwards.
+    the decodes of loading leave no OpenMP pool on the caller's thread to slow the
+    decodes of whichever thread runs the engine afterwards.
     """
-    plan = plan_auto(spec, draft_path, available_bytes())
+    s = settings
+    plan = plan_auto(s.spec, s.model_draft, available_bytes())
     if plan.note:
         notify(plan.note)
-    spec, draft_path = plan.spec, (draft_path if plan.use_draft_model else None)
-    if n_ctx < 16:
-        raise ConfigError(f"-c/--ctx-size must be >= 16, got {n_ctx}")
-    if threads is not None and threads < 1:
-        raise ConfigError(f"-t/--threads must be >= 1, got {threads}")
-    if n_seq < 1:
-        raise ConfigError(f"-np/--parallel must be >= 1, got {n_seq}")
-    threads = threads or default_threads()
-    opts = options or LoadOptions(n_batch=n_batch)
-    cparams, notes = context_params(n_ctx, n_seq, threads, opts, batch_invariant)
+    spec, draft_path = plan.spec, (s.model_draft if plan.use_draft_model else None)
+    if s.n_ctx < 16:
+        raise ConfigError(f"-c/--ctx-size must be >= 16, got {s.n_ctx}")
+    if s.threads is not None and s.threads < 1:
+        raise ConfigError(f"-t/--threads must be >= 1, got {s.threads}")
+    if s.n_seq < 1:
+        raise ConfigError(f"-np/--parallel must be >= 1, got {s.n_seq}")
+    threads = s.threads or default_threads()
+    cparams, notes = context_params(s.n_ctx, s.n_seq, threads, s.options, s.batch_invariant)
     for line in notes:
         notify(line)
-    model, twin = _load_models(model_path, opts, batch_invariant, verbose)
+    model, twin = _load_models(s.model, s.options, s.batch_invariant, s.verbose)
     ctx = open_context(model, cparams, twin)
     dd = None
     if draft_path is not None:
         from .draft_model import DraftModelDrafter
 
-        dd = DraftModelDrafter.load(draft_path, model, n_ctx=n_ctx, n_seq=n_seq, threads=threads,
-                                    n_max=spec.draft_max if spec.draft_max is not None else 16,
-                                    p_min=draft_p_min, verbose=verbose)
-    engine = Engine(model, ctx, spec, draft_drafter=dd)
+        dd = DraftModelDrafter.load(draft_path, model, n_ctx=s.n_ctx, n_seq=s.n_seq,
+                                    threads=threads, p_min=s.draft_p_min, verbose=s.verbose,
+                                    n_max=spec.draft_max if spec.draft_max is not None else 16)
+    cal = policy = None
     if spec.enabled and spec.policy == "cost":
-        cal = engine.calibrate()
-        engine.policy = CostPolicy(cal.cost, compare_all=spec.auto, save=cal.save)
-    return engine
+        cal = calibrate_context(model.path, ctx)
+        policy = CostPolicy(cal.cost, compare_all=spec.auto, save=cal.save)
+    return Engine(model, ctx, spec, draft_drafter=dd, policy=policy, calibration=cal)

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ngramspec.config import SpecConfig  # noqa: E402
 from ngramspec.corpus import documents, interleave  # noqa: E402
 from ngramspec.drafters.chain import DrafterChain  # noqa: E402
-from ngramspec.runtime import load_engine  # noqa: E402
+from ngramspec.runtime import EngineSettings, load_engine  # noqa: E402
 
 TOP = 4
 MAX_GUESS = 3
@@ -174,7 +174,7 @@ def main() -> int:
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
-    engine = load_engine(None, None, 4096, a.threads, SpecConfig())
+    engine = load_engine(EngineSettings(n_ctx=4096, threads=a.threads))
     docs = interleave(documents())[:a.docs]
     sources = {"recycling": Recycling(), "lookup": Lookup()}
     pops = ("novel", "one-token")  # no draft; no draft or a draft wrong at its first token

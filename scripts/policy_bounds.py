@@ -32,7 +32,7 @@ from ngramspec.drafters.prediction import PredictionDrafter  # noqa: E402
 from ngramspec.pipeline_bench import load_documents  # noqa: E402
 from ngramspec.policy import CostPolicy  # noqa: E402
 from ngramspec.replay import _plain_seconds, replay_batch  # noqa: E402
-from ngramspec.runtime import load_engine  # noqa: E402
+from ngramspec.runtime import EngineSettings, load_engine  # noqa: E402
 from ngramspec.sampling import SamplingParams  # noqa: E402
 from ngramspec.speculation import NO_OPTIONS, DraftOptions  # noqa: E402
 
@@ -43,7 +43,7 @@ def record(path: Path, n_predict: int) -> list[tuple[np.ndarray, np.ndarray]]:
         data = json.loads(path.read_text())
         if data.get("n_predict") == n_predict:
             return [(np.array(p, np.int32), np.array(g, np.int32)) for p, g in data["streams"]]
-    eng = load_engine(None, None, 4096, None, spec_config_from_options(spec_type="auto"))
+    eng = load_engine(EngineSettings(spec=spec_config_from_options(spec_type="auto")))
     out = []
     for doc in load_documents(None):
         prompt = eng.model.tokenize(doc.prompt)
@@ -109,8 +109,8 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     streams = record(path, args.n_predict)
     for slots in [int(s) for s in args.slots.split(",")]:
-        eng = load_engine(None, None, 2048 * slots, None,
-                          spec_config_from_options(spec_type="auto"), n_seq=slots)
+        eng = load_engine(EngineSettings(n_ctx=2048 * slots, n_seq=slots,
+                                         spec=spec_config_from_options(spec_type="auto")))
         cost = eng.policy.cost
         row = {w: modelled(streams, slots, cost, w) for w in ("auto", "clairvoyant", "oracle")}
         print(f"{slots} slot(s), modelled generation s: " +

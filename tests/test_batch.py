@@ -150,14 +150,15 @@ def test_api_loads_with_the_commands_default_speculation(monkeypatch):
 
     seen = {}
 
-    def load(model, n_slots, spec, **kw):
-        seen["spec"] = spec
+    def load(settings, defaults=None, notify=None):
+        seen["settings"] = settings
         raise RuntimeError("stop before loading")
 
     monkeypatch.setattr(api.EngineRunner, "load", staticmethod(load))
     with pytest.raises(RuntimeError):
         next(api.batch(None, [], parallel=2))
-    assert seen["spec"] == flags.spec_from_values(flags.defaults("batch"))
+    command = flags.engine_settings(flags.defaults("batch"), n_seq=2)
+    assert seen["settings"].spec == command.spec and seen["settings"].n_seq == 2
 
 
 def test_bad_records_get_error_lines_and_the_job_goes_on(tmp_path):

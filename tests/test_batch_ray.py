@@ -21,9 +21,11 @@ def test_two_actors_give_the_single_process_output_and_survive_a_killed_actor(tm
     from ngramspec.batch.runner import Defaults, EngineRunner
 
     records = [{"id": f"doc-{i}", "prompt": p} for i, p in enumerate(PROMPTS * 3)]
-    load = dict(model=None, n_slots=2, spec=SpecConfig(types=("ngram-mod", "ngram-simple"),
-                                                       policy="fixed"),
-                n_ctx=2048, threads=1, defaults=Defaults(n_predict=N))
+    from ngramspec.runtime import EngineSettings
+
+    spec = SpecConfig(types=("ngram-mod", "ngram-simple"), policy="fixed")
+    load = dict(settings=EngineSettings(n_ctx=2048, threads=1, n_seq=2, spec=spec),
+                defaults=Defaults(n_predict=N))
     single = EngineRunner.load(**load)
     try:
         expected = {r.id: r.text for r in single.run(parse_records(enumerate(records, 1)))}

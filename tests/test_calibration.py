@@ -19,10 +19,10 @@ OPEN = "Describe a walk through a city market in the early morning."
 
 
 def _load(threads):
-    from ngramspec.runtime import load_engine
+    from ngramspec.runtime import EngineSettings, load_engine
 
-    return load_engine(None, None, n_ctx=1024, threads=threads,
-                       spec=SpecConfig(types=("auto",), policy="cost"))
+    return load_engine(EngineSettings(n_ctx=1024, threads=threads,
+                                      spec=SpecConfig(types=("auto",), policy="cost")))
 
 
 def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import click
 import pytest
 from click.testing import CliRunner
 from server_stop import sigterm_seconds
@@ -383,3 +384,28 @@ def test_fa_spellings_of_llama_cpp():
         v = parse("-fa", value)
         flags.pop_unused(v)
         assert from_flags(v).flash_attn == want
+
+
+def test_bench_parallel_passes_load_spec_and_draft_flags_to_both_servers(monkeypatch, tmp_path):
+    """`bench --parallel` hands the load, -md and spec flags the user gave to ngramspec's
+    server and (without ngramspec's own flags) to llama-server."""
+    from ngramspec import pipeline_bench
+    from ngramspec.cli import main
+
+    seen = {}
+
+    def fake_run(*a, server_args=(), peer_args=(), **kw):
+        seen["server"], seen["peer"] = list(server_args), list(peer_args)
+        raise click.exceptions.Exit(0)  # no servers started
+
+    monkeypatch.setattr(pipeline_bench, "run", fake_run)
+    draft = tmp_path / "draft.gguf"
+    draft.write_bytes(b"GGUF")
+    r = CliRunner().invoke(main, ["bench", "--parallel", "1", "-ub", "256", "-md", str(draft),
+                                  "--no-mmap", "--draft-max", "16", "--spec-ngram-size-n", "8",
+                                  "--draft-policy", "fixed", "-t", "2"], obj={})
+    assert r.exit_code == 0, r.output
+    want = ["--model-draft", str(draft), "--ubatch-size", "256", "--no-mmap", "--draft-max", "16",
+            "--spec-ngram-size-n", "8"]
+    assert sorted(seen["peer"]) == sorted(want)
+    assert sorted(seen["server"]) == sorted(want + ["--draft-policy", "fixed"])

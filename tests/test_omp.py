@@ -38,7 +38,7 @@ def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
     runs on threads that have ended when load_engine returns."""
     from ngramspec.config import SpecConfig
     from ngramspec.model import Context, Model
-    from ngramspec.runtime import load_engine
+    from ngramspec.runtime import EngineSettings, load_engine
 
     loaders = set()
 
@@ -50,7 +50,8 @@ def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
 
     for cls, name in ((Model, "__init__"), (Context, "__init__"), (Context, "run_rows")):
         monkeypatch.setattr(cls, name, recorded(getattr(cls, name)))
-    engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=2)
+    engine = load_engine(EngineSettings(n_ctx=1024, threads=threads, n_seq=2,
+                                        spec=SpecConfig(policy="cost")))
     try:
         assert loaders and threading.current_thread() not in loaders
         assert not any(t.is_alive() for t in loaders)
@@ -58,4 +59,4 @@ def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
         engine.ctx.close()
         engine.model.close()
     with pytest.raises(ConfigError, match="ctx-size"):
-        load_engine(None, None, 8, threads, SpecConfig())
+        load_engine(EngineSettings(n_ctx=8, threads=threads))

@@ -3,7 +3,7 @@ passes `--batch-size 16 --ctx-size 1024`; calibrating the cost model then wrote 
 scratch tokens into a 64-row llama_batch: "ValueError: NULL pointer access")."""
 import pytest
 
-from ngramspec.cost import calibration_shapes, fits_batch
+from ngramspec.cost import calibrate_context, calibration_shapes, fits_batch
 
 
 @pytest.mark.parametrize("n_batch", [2, 16, 64, 512])
@@ -37,17 +37,19 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
     """The router preset's flags (-c 1024 -b 16 -np 1): start-up probes, then a full
     calibration that runs every measurement (it used to crash only then); -b 1 too."""
     from ngramspec.config import SpecConfig
-    from ngramspec.runtime import LoadOptions, load_engine
+    from ngramspec.runtime import EngineSettings, LoadOptions, load_engine
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     from ngramspec.policy import CostPolicy
 
-    engine = load_engine(None, None, 1024, threads, SpecConfig(policy="cost"), n_seq=1,
-                         batch_invariant=invariant, options=LoadOptions(n_batch=n_batch))
+    engine = load_engine(EngineSettings(n_ctx=1024, threads=threads, spec=SpecConfig(policy="cost"),
+                                        batch_invariant=invariant,
+                                        options=LoadOptions(n_batch=n_batch)))
     try:
         assert isinstance(engine.policy, CostPolicy)
         assert engine.calibration.source == "default"  # start-up: nothing measured
-        assert engine.calibrate(refresh=True).source == "measured"  # every measurement
+        full = calibrate_context(engine.model.path, engine.ctx, refresh=True)
+        assert full.source == "measured"  # every measurement
         assert (tmp_path / "decode_cost.json").is_file()
         assert engine.ctx.n_batch == (64 if invariant else n_batch)
     finally:

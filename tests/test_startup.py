@@ -42,7 +42,6 @@ def test_embedded_model_is_hashed_once_per_file_version(fake_package):
 
 def test_a_twin_that_fails_to_load_fails_the_load_and_leaves_no_thread(monkeypatch, threads):
     from ngramspec import runtime
-    from ngramspec.config import SpecConfig
     from ngramspec.model import ModelError
 
     seen = []
@@ -54,7 +53,7 @@ def test_a_twin_that_fails_to_load_fails_the_load_and_leaves_no_thread(monkeypat
     monkeypatch.setattr(runtime, "load_twin", broken)
     monkeypatch.setattr(runtime, "repack_is_safe", lambda: True)
     with pytest.raises(ModelError, match="twin broke"):
-        runtime.load_engine(None, None, 512, threads, SpecConfig())
+        runtime.load_engine(runtime.EngineSettings(n_ctx=512, threads=threads))
     assert seen and threading.current_thread() not in seen
     assert not any(t.is_alive() for t in seen)
 
@@ -64,7 +63,6 @@ def test_the_twin_loads_beside_the_main_model(monkeypatch, threads):
     import time
 
     from ngramspec import runtime
-    from ngramspec.config import SpecConfig
     from ngramspec.model import Model
 
     if not runtime.repack_is_safe():
@@ -78,7 +76,7 @@ def test_the_twin_loads_beside_the_main_model(monkeypatch, threads):
         spans["twin" if kw.get("use_extra_bufts") else "main"] = (t0, time.perf_counter())
 
     monkeypatch.setattr(Model, "__init__", timed)
-    engine = runtime.load_engine(None, None, 512, threads, SpecConfig())
+    engine = runtime.load_engine(runtime.EngineSettings(n_ctx=512, threads=threads))
     try:
         assert engine.ctx.twin is not None
         (m0, m1), (t0, t1) = spans["main"], spans["twin"]

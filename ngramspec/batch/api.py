@@ -32,13 +32,15 @@ def batch(engine_or_path: Any, records: Iterable[dict | str], parallel: int = 4,
     `sampling`, `n_predict`: defaults of records that do not set them (greedy, 256).
     `spec`: the loaded model's speculation (None: auto, as the command's default)."""
     from ..engine import Engine
+    from ..runtime import EngineSettings
 
     defaults = Defaults(sampling or SamplingParams(temperature=0.0), n_predict, cache_prompt)
     if isinstance(engine_or_path, Engine):
         runner = EngineRunner(engine_or_path, parallel, defaults)
     else:
-        runner = EngineRunner.load(engine_or_path, parallel, spec or SpecConfig().with_types(AUTO),
-                                   n_ctx=n_ctx, threads=threads, defaults=defaults)
+        settings = EngineSettings(engine_or_path, n_ctx=n_ctx, threads=threads, n_seq=parallel,
+                                  spec=spec or SpecConfig().with_types(AUTO))
+        runner = EngineRunner.load(settings, defaults)
     try:
         results = runner.run(parse_records(enumerate(records, 1)))
         yield from in_order(results) if ordered else results

@@ -33,9 +33,8 @@ from ..errors import ConfigError
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None,
               help="also write the summary's numbers here as JSON")
 @click.pass_context
-def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_size, threads,
-          n_predict, draft_p_min, parallel, ordered, ray_address, actors, chunk_size,
-          summary_json, verbose, **kw: Any) -> None:
+def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, ordered, ray_address,
+          actors, chunk_size, summary_json, verbose, **kw: Any) -> None:
     """Run every record of INPUT (JSONL, '-' for stdin) and append one result line per
     record to OUTPUT.
 
@@ -64,10 +63,8 @@ def batch(ctx: click.Context, input_path, output_path, model, model_draft, ctx_s
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
     defaults = Defaults(flags.sampling_from_values(kw), n_predict, kw.pop("cache_prompt"))
-    spec = flags.spec_from_values(kw, model_draft)
-    load = dict(model=model, n_slots=parallel, spec=spec, n_ctx=ctx_size, threads=threads,
-                defaults=defaults, model_draft=model_draft, draft_p_min=draft_p_min,
-                verbose=verbose, options=flags.load_options(kw))
+    load = dict(settings=flags.engine_settings(kw, n_seq=parallel, verbose=verbose),
+                defaults=defaults)
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
     tally = Tally(total=None if input_path == "-" else count_records(input_path))

@@ -73,8 +73,8 @@ class RayPool:
         self.n_actors = n_actors or len(alive)
         if self.n_actors < 1:
             raise ValueError(f"--actors must be >= 1, got {self.n_actors}")
-        self.chunk_size = chunk_size or load["n_slots"]
-        self.threads = load.get("threads")
+        self.chunk_size = chunk_size or load["settings"].n_seq
+        self.threads = load["settings"].threads
         cls = ray.remote(num_cpus=self.threads or 1, max_concurrency=CHUNKS_IN_FLIGHT)(BatchWorker)
         self.actors = [cls.options(scheduling_strategy="SPREAD").remote(load)
                        for _ in range(self.n_actors)]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import queue
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from ..config import SpecConfig, check_draft_model
 from ..errors import ConfigError
@@ -65,13 +65,13 @@ class EngineRunner:
         self.scheduler.start()
 
     @classmethod
-    def load(cls, model: str | None, n_slots: int, spec: SpecConfig, n_ctx: int = 4096,
-             threads: int | None = None, defaults: Defaults = Defaults(), **kw) -> "EngineRunner":
-        """Load a model (None: the embedded one) with `n_slots` sequences sharing `n_ctx`."""
+    def load(cls, settings, defaults: Defaults = Defaults(),
+             notify: Callable[[str], None] = lambda line: None) -> "EngineRunner":
+        """Load the engine of `settings` (runtime.EngineSettings); its n_seq sequences
+        are the slots."""
         from ..runtime import load_engine
 
-        return cls(load_engine(model, kw.pop("model_draft", None), n_ctx, threads, spec,
-                               n_seq=n_slots, **kw), n_slots, defaults)
+        return cls(load_engine(settings, notify), settings.n_seq, defaults)
 
     def close(self) -> None:
         self.scheduler.shutdown()

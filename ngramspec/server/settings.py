@@ -100,8 +100,9 @@ def from_flags(values: dict[str, Any]) -> "ServerSettings":
     return ServerSettings(**flags.settings_values(values), spec=spec, sampling=sampling)
 
 
-def load_options(s: "ServerSettings"):
-    """The llama.cpp load settings of `s` (runtime.context_params decides what of them
-    keeps exactness)."""
-    return flags.load_options({f.dest: getattr(s, f.settings_field)
-                               for f in flags.for_command("serve", ("model",))})
+def engine_settings(s: "ServerSettings"):
+    """The runtime.EngineSettings of `s`: its model and load flags' values through
+    `flags.engine_settings` (the same table as every command), its SpecConfig and
+    -np slots."""
+    values = {f.dest: getattr(s, f.settings_field) for f in flags.for_command("serve", ("model",))}
+    return flags.engine_settings(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec)

@@ -19,7 +19,7 @@ from .. import synth
 from ..stats import calibration_line
 from .errors import APIError, loading_error
 from ..jobs.scheduler import Scheduler
-from .settings import ServerSettings, load_options
+from .settings import ServerSettings, engine_settings
 
 log = logging.getLogger("ngramspec.server")
 
@@ -50,11 +50,7 @@ class ServerState:
             if engine_factory is None:
                 from ..runtime import load_engine
 
-                engine = load_engine(s.model, s.model_draft, s.n_ctx, s.threads, s.spec,
-                                     n_seq=s.n_parallel, verbose=s.verbose,
-                                     draft_p_min=s.draft_p_min, notify=log.warning,
-                                     batch_invariant=not s.no_batch_invariance,
-                                     options=load_options(s))
+                engine = load_engine(engine_settings(s), notify=log.warning)
             else:
                 engine = engine_factory()
             synth.configure(engine, s.spec_synth_len, s.spec_synth_rates, log.warning)
