@@ -449,8 +449,10 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     t0 = time.perf_counter()
     layout = {"per_seq_streams": ctx.per_seq_streams, "n_ubatch": ctx.n_ubatch,
               "pad": ctx.invariant, "logit_quantum": ctx.logit_quantum}
+    kv = (ctx.params.type_k, ctx.params.type_v)
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
-           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3")
+           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
+           + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}"))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

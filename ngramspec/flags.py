@@ -36,6 +36,7 @@ import click
 from . import strict_json
 from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model, valid_types_text
 from .errors import ConfigError
+from .model import KV_TYPES
 
 ALL = frozenset({"generate", "serve", "bench", "batch"})
 GEN = frozenset({"generate", "serve", "batch"})  # commands that sample text for requests
@@ -69,6 +70,7 @@ class Flag:
     warn: Callable[[Any], bool] = lambda value: True
     envvar: tuple[str, ...] = ()
     multiple: bool = False
+    join: bool = True  # a repeated flag reads as one comma list (False: a tuple of values)
     metavar: str | None = None
     nargs: int = 1
 
@@ -154,6 +156,14 @@ def load_mode(mode: str, mmap: bool | None, mlock: bool) -> int:
     return LOAD_MODES["mmap+mlock" if mlock else "mmap"]
 
 
+def kv_cache_type(value: Any) -> str:
+    """A -ctk/-ctv value: one of llama.cpp's KV cache type names (model.KV_TYPES)."""
+    name = str(value).strip().lower()
+    if name not in KV_TYPES:
+        raise ConfigError(f"unknown KV cache type {value!r}; valid values: {', '.join(KV_TYPES)}")
+    return name
+
+
 def _on_off(value: Any) -> str:
     v = str(value).strip().lower()
     for canon, spellings in (("on", ("on", "enabled", "true", "1", "yes")),
@@ -202,6 +212,12 @@ _FLAGS: list[Flag] = [
     Flag(("--repack",), "repack", _M, bool, True, neg=("-nr", "--no-repack"), commands=ALL,
          help="repacked weights for prompt processing (exact mode: prompts of 64+ tokens "
               "only; off on CPUs that advertise AMX)"),
+    Flag(("-ctk", "--cache-type-k"), "cache_type_k", _M, str, "f16", commands=ALL,
+         parse=kv_cache_type, metavar="|".join(KV_TYPES),
+         help="KV cache type for K (exact with speculation: docs/exactness.md)"),
+    Flag(("-ctv", "--cache-type-v"), "cache_type_v", _M, str, "f16", commands=ALL,
+         parse=kv_cache_type, metavar="|".join(KV_TYPES),
+         help="KV cache type for V (quantized types need flash attention)"),
     Flag(("--no-batch-invariance",), "no_batch_invariance", _M, bool, False, switch=True,
          commands=frozenset({"generate", "serve", "bench"}),
          help="llama.cpp's fastest kernels; output may differ from spec-off (not exact). "
@@ -226,6 +242,46 @@ _FLAGS: list[Flag] = [
          help="OpenAI's frequency penalty, -2..2 (0.0: off)"),
     Flag(("--presence-penalty",), "presence_penalty", _S, float, 0.0, commands=GEN,
          help="OpenAI's presence penalty, -2..2 (0.0: off)"),
+    Flag(("--dry-multiplier",), "dry_multiplier", _S, float, 0.0, commands=GEN,
+         help="DRY repetition penalty multiplier (0.0: off)"),
+    Flag(("--dry-base",), "dry_base", _S, float, 1.75, commands=GEN,
+         help="DRY base (values below 1.0 give the default 1.75)"),
+    Flag(("--dry-allowed-length",), "dry_allowed_length", _S, int, 2, commands=GEN,
+         help="DRY: repeats longer than this are penalized"),
+    Flag(("--dry-penalty-last-n",), "dry_penalty_last_n", _S, int, 64, commands=GEN,
+         help="tokens DRY scans for repeats (0: off; -1: the context)"),
+    Flag(("--dry-sequence-breaker",), "dry_sequence_breaker", _S, str, None, commands=GEN,
+         multiple=True, join=False,
+         help="a DRY sequence breaker, repeatable (replaces the default \\n : \" *; "
+              "'none': no breakers)"),
+    Flag(("--xtc-probability",), "xtc_probability", _S, float, 0.0, commands=GEN,
+         help="XTC: chance to remove the top tokens (0.0: off)"),
+    Flag(("--xtc-threshold",), "xtc_threshold", _S, float, 0.1, commands=GEN,
+         help="XTC: least probability of a removed token (above 0.5: off)"),
+    Flag(("--typical", "--typical-p"), "typical_p", _S, float, 1.0, commands=GEN,
+         help="locally typical sampling p (1.0: off)"),
+    Flag(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", _S, float, -1.0, commands=GEN,
+         help="keep tokens within n standard deviations of the top logit (<= 0: off)"),
+    Flag(("--mirostat",), "mirostat", _S, int, 0, commands=GEN,
+         help="Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the other samplers)"),
+    Flag(("--mirostat-lr",), "mirostat_eta", _S, float, 0.1, commands=GEN,
+         help="Mirostat learning rate eta"),
+    Flag(("--mirostat-ent",), "mirostat_tau", _S, float, 5.0, commands=GEN,
+         help="Mirostat target entropy tau"),
+    Flag(("--dynatemp-range",), "dynatemp_range", _S, float, 0.0, commands=GEN,
+         help="dynamic temperature range (0.0: off)"),
+    Flag(("--dynatemp-exp",), "dynatemp_exponent", _S, float, 1.0, commands=GEN,
+         help="dynamic temperature exponent"),
+    Flag(("--samplers",), "samplers", _S, str, None, commands=GEN,
+         help="sampler order, names separated by ';' (default: "
+              "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
+    Flag(("--sampler-seq", "--sampling-seq"), "sampler_seq", _S, str, None, commands=GEN,
+         help="sampler order as letters (default: edskypmxt)"),
+    Flag(("--ignore-eos",), "ignore_eos", _S, bool, False, switch=True, commands=GEN,
+         help="generate past end-of-generation tokens (each gets a -inf logit bias)"),
+    Flag(("-l", "--logit-bias"), "logit_bias", _S, str, None, commands=GEN, multiple=True,
+         join=False, metavar="TOKEN(+|-)BIAS",
+         help="add a bias to a token's logit, repeatable: e.g. 15043+1, 15043-inf bans it"),
     Flag(("-s", "--seed"), "seed", _S, int, -1, commands=GEN, help="RNG seed (-1: random)"),
     Flag(("--grammar",), "grammar", _S, commands=GEN, help="GBNF grammar constraining the output"),
     Flag(("--grammar-file",), "grammar_file", _S, click.Path(dir_okay=False), commands=GEN,
@@ -432,7 +488,7 @@ _FLAGS += _accepted(
 _FLAGS += _accepted(
     "ignored", "the KV cache and RoPE settings stay the model's defaults (exactness is verified "
                "for them only)",
-    "-ctk --cache-type-k=", "-ctv --cache-type-v=", "--spec-draft-type-k -ctkd "
+    "--spec-draft-type-k -ctkd "
     "--cache-type-k-draft=", "--spec-draft-type-v -ctvd --cache-type-v-draft=", "-dt --defrag-thold=",
     "--rope-scaling=", "--rope-scale=", "--rope-freq-base=", "--rope-freq-scale=", "--yarn-orig-ctx=",
     "--yarn-ext-factor=", "--yarn-attn-factor=", "--yarn-beta-slow=", "--yarn-beta-fast=",
@@ -440,13 +496,12 @@ _FLAGS += _accepted(
     "-cms --checkpoint-min-step=", "-cram --cache-ram=",
 )
 _FLAGS += _accepted(
-    "ignored", "this sampler setting is not supported as a server default",
-    "--samplers=", "--sampler-seq --sampling-seq=", "--ignore-eos", "--top-nsigma --top-n-sigma=",
-    "--xtc-probability=", "--xtc-threshold=", "--typical --typical-p=",
-    "--dry-multiplier=", "--dry-base=", "--dry-allowed-length=",
-    "--dry-penalty-last-n=", "--dry-sequence-breaker=", "--adaptive-target=", "--adaptive-decay=",
-    "--dynatemp-range=", "--dynatemp-exp=", "--mirostat=", "--mirostat-lr=", "--mirostat-ent=",
-    "-l --logit-bias=", "-r --reverse-prompt=", "-sp --special", "--spm-infill",
+    "ignored", "this setting is not supported as a server default",
+    "-r --reverse-prompt=", "-sp --special", "--spm-infill",
+)
+_FLAGS += _accepted(
+    "ignored", "the adaptive-p sampler is not built here (no request field sets it either)",
+    "--adaptive-target=", "--adaptive-decay=",
 )
 _FLAGS += _accepted(
     "ignored", "not supported by this server",
@@ -487,7 +542,8 @@ def _click_option(f: Flag, command: str) -> Callable:
     if f.multiple:
         return click.option(*f.names, f.dest, type=f.type, multiple=True,
                             default=(default,) if default is not None else (),
-                            callback=_join_multiple, show_default=default is not None, **kw)
+                            callback=_join_multiple if f.join else None,
+                            show_default=default is not None, **kw)
     callback = None
     if f.parse is not None and f.type is str:
         callback = _checked(f)
@@ -641,17 +697,56 @@ def sampling_from_values(kw: dict[str, Any]):
                           repeat_last_n=kw.pop("repeat_last_n"),
                           frequency_penalty=kw.pop("frequency_penalty"),
                           presence_penalty=kw.pop("presence_penalty"),
-                          seed=seed_or_random(seed), grammar=grammar)
+                          seed=seed_or_random(seed), grammar=grammar, **_samplers_from_values(kw))
+
+
+#: flags whose value is SamplingParams' field of the same name (`_samplers_from_values`)
+_SAMPLER_FIELDS = ("dry_multiplier", "dry_allowed_length", "dry_penalty_last_n",
+                   "xtc_probability", "xtc_threshold", "typical_p", "top_n_sigma", "mirostat",
+                   "mirostat_eta", "mirostat_tau", "dynatemp_range", "dynatemp_exponent")
+
+
+def _token_bias(value: str) -> tuple[int, float]:
+    """llama.cpp's -l value TOKEN(+|-)BIAS: a token id, then a signed bias (inf allowed)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", value, re.I)
+    if m is None:
+        raise ConfigError(f"-l/--logit-bias takes TOKEN(+|-)BIAS, e.g. 15043+1 or 15043-inf; "
+                          f"got {value!r}")
+    return int(m.group(1)), float(m.group(2).replace(" ", ""))
+
+
+def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop llama-server's other sampler flags into SamplingParams fields: DRY's base
+    below 1 is the default (as llama.cpp), given breakers replace the default ('none':
+    no breakers); --samplers or --sampler-seq set the order (sampler_chain.parse_order)."""
+    from .sampler_chain import DEFAULT_ORDER, parse_order
+
+    out = {k: kw.pop(k) for k in _SAMPLER_FIELDS if k in kw}
+    out["ignore_eos"] = bool(kw.pop("ignore_eos", False))
+    out["logit_bias"] = tuple(_token_bias(v) for v in kw.pop("logit_bias", ()) or ())
+    base = kw.pop("dry_base", 1.75)
+    out["dry_base"] = 1.75 if base is None or base < 1.0 else base
+    breakers = kw.pop("dry_sequence_breaker", ())
+    if breakers:
+        out["dry_sequence_breakers"] = tuple(b for b in breakers if b != "none")
+    names, seq = kw.pop("samplers", None), kw.pop("sampler_seq", None)
+    if names is not None and seq is not None:
+        raise ConfigError("use only one of --samplers and --sampler-seq")
+    out["samplers"] = parse_order(names if names is not None else seq) \
+        if (names or seq) is not None else DEFAULT_ORDER
+    return {k: v for k, v in out.items() if v is not None}
 
 
 #: the flags of runtime.LoadOptions (llama.cpp's load and context settings)
 _LOAD = ("batch_size", "ubatch_size", "flash_attn", "kv_unified", "threads_batch",
-         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack")
+         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack", "cache_type_k", "cache_type_v")
 
 
 def load_options(kw: dict[str, Any]):
-    """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack into
-    runtime.LoadOptions."""
+    """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack,
+    -ctk/-ctv into runtime.LoadOptions."""
     from .runtime import LoadOptions
 
     v = {d: kw.pop(d) for d in _LOAD}
@@ -659,7 +754,9 @@ def load_options(kw: dict[str, Any]):
                        flash_attn=_on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
                        load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
-                       repack=v["repack"])
+                       repack=v["repack"],
+                       cache_type_k=kv_cache_type(v["cache_type_k"] or "f16"),
+                       cache_type_v=kv_cache_type(v["cache_type_v"] or "f16"))
 
 
 def engine_settings(kw: dict[str, Any], n_seq: int = 1, verbose: bool = False,

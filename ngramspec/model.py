@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from . import ubatch
-from .errors import NgramSpecError
+from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
 _BACKEND_LOCK = threading.Lock()
@@ -242,6 +242,17 @@ class Model:
                                     for t in range(0, self.n_vocab, step)))
 
 
+#: the KV cache types llama.cpp's -ctk/-ctv take (common/arg.cpp), by name
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+
+
+def kv_type(name: str) -> int:
+    """The ggml type id of a KV cache type name (KV_TYPES)."""
+    if name not in KV_TYPES:
+        raise ConfigError(f"unknown KV cache type {name!r}; valid values: {', '.join(KV_TYPES)}")
+    return getattr(_llama(), f"GGML_TYPE_{name.upper()}")
+
+
 @dataclass(frozen=True)
 class ContextParams:
     """llama.cpp context settings this project uses (see docs/exactness.md).
@@ -263,6 +274,8 @@ class ContextParams:
     n_ubatch: int | None = None  # None: n_batch
     n_threads_batch: int | None = None  # None: n_threads
     kv_unified: bool | None = None  # honoured only when not batch-invariant
+    type_k: str = "f16"  # KV cache types (-ctk/-ctv), llama.cpp's names: KV_TYPES
+    type_v: str = "f16"
 
 
 class Context:
@@ -283,6 +296,7 @@ class Context:
         cp.n_threads_batch = params.n_threads_batch or params.n_threads
         cp.flash_attn_type = -1 if params.flash_attn is None else int(params.flash_attn)
         cp.swa_full = params.swa_full
+        cp.type_k, cp.type_v = kv_type(params.type_k), kv_type(params.type_v)
         # invariant: one KV stream per sequence, so a sequence's cells never
         # interleave with other slots' (summation order would depend on them)
         per_seq = params.batch_invariant and params.n_seq_max > 1

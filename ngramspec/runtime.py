@@ -35,6 +35,8 @@ class LoadOptions:
     n_gpu_layers: int = 0
     load_mode: int = -1
     repack: bool = True  # exact mode: prompts on the repacked twin (ngramspec/twin.py)
+    cache_type_k: str = "f16"  # -ctk/-ctv: KV cache types (model.KV_TYPES)
+    cache_type_v: str = "f16"
 
 
 def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
@@ -62,9 +64,13 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
             notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
                          f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
             n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
+    if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
+        raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
+                          "the V cache only with it): drop -fa off or use -ctv f16")
     return ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq,
                          n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
-                         kv_unified=kvu, batch_invariant=batch_invariant), notes
+                         kv_unified=kvu, batch_invariant=batch_invariant,
+                         type_k=opts.cache_type_k, type_v=opts.cache_type_v), notes
 
 
 def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: bool,

@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import ConfigError, GrammarError
 from .model import Context, _llama
+from .sampler_chain import DEFAULT_ORDER, NAMES, add_samplers
 
 
 #: a grammar whose sampling of one token is estimated to cost more than this is refused
@@ -46,6 +47,34 @@ RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler (and synthetic dra
 def seed_or_random(seed: int) -> int:
     """A seed as given by a user: llama.cpp's -1 (any negative) means random (RANDOM_SEED)."""
     return RANDOM_SEED if seed < 0 else seed
+
+
+def _check_samplers(p) -> None:
+    """ConfigError for the first out-of-range setting of llama-server's other samplers
+    (its ranges: server-schema.cpp)."""
+    def number(name: str, v, lo: float = -math.inf, hi: float = math.inf) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or not lo <= v <= hi:
+            span = f"between {lo:g} and {hi:g}" if math.isfinite(hi) else f">= {lo:g}"
+            raise ConfigError(f"{name} must be a finite number" + ("" if lo == -math.inf else
+                              f" {span}") + f", got {v!r}")
+
+    for name in ("dry_multiplier", "dry_base", "typical_p", "top_n_sigma", "mirostat_tau",
+                 "mirostat_eta", "dynatemp_range", "dynatemp_exponent"):
+        number(name, getattr(p, name))
+    number("xtc_probability", p.xtc_probability, 0.0, 1.0)
+    number("xtc_threshold", p.xtc_threshold, 0.0, 1.0)
+    for name, lo in (("dry_allowed_length", 0), ("dry_penalty_last_n", -1), ("min_keep", 0)):
+        v = getattr(p, name)
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
+    if p.mirostat not in (0, 1, 2):
+        raise ConfigError(f"mirostat must be 0, 1 or 2, got {p.mirostat!r}")
+    if not all(isinstance(b, str) and b for b in p.dry_sequence_breakers):
+        raise ConfigError("dry_sequence_breakers must be a list of non-empty strings")
+    unknown = [n for n in p.samplers if n not in NAMES]
+    if unknown:
+        raise ConfigError(f"unknown sampler {unknown[0]!r}; valid names: {', '.join(NAMES)}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +93,23 @@ class SamplingParams:
     n_probs: int = 0  # > 0: report the top n_probs probabilities of every sampled token
     post_sampling_probs: bool = False  # probabilities after the chain, not of the raw logits
     ignore_eos: bool = False  # every end-of-generation token gets a -inf bias
+    # llama-server's other samplers (common/common.h defaults; sampler_chain.py applies them)
+    dry_multiplier: float = 0.0  # DRY: 0 off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64  # tokens DRY scans (0: off; -1: the context)
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    xtc_probability: float = 0.0  # XTC: 0 off
+    xtc_threshold: float = 0.1  # > 0.5: off
+    typical_p: float = 1.0  # 1: off
+    top_n_sigma: float = -1.0  # <= 0: off
+    mirostat: int = 0  # 0 off, 1 Mirostat, 2 Mirostat 2.0 (replace the samplers but temperature)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    dynatemp_range: float = 0.0  # temperature in [temp - range, temp + range] by entropy
+    dynatemp_exponent: float = 1.0
+    min_keep: int = 0
+    samplers: tuple[str, ...] = DEFAULT_ORDER  # llama.cpp's order (sampler_chain.NAMES)
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
@@ -85,6 +131,7 @@ class SamplingParams:
             raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.n_probs, int) or self.n_probs < 0:
             raise ConfigError(f"n_probs must be an integer >= 0, got {self.n_probs!r}")
+        _check_samplers(self)
 
     @property
     def greedy(self) -> bool:
@@ -98,9 +145,23 @@ class SamplingParams:
                 or self.presence_penalty != 0.0)
 
     @property
+    def dry(self) -> bool:
+        return (self.dry_multiplier > 0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
+                and "dry" in self.samplers and not self.mirostat)
+
+    @property
+    def xtc(self) -> bool:
+        return (self.xtc_probability > 0 and self.xtc_threshold <= 0.5 and "xtc" in self.samplers
+                and not self.mirostat)
+
+    @property
     def plain_argmax(self) -> bool:
+        """Whether greedy sampling is the argmax of the raw logits: nothing in the chain
+        that can move the top token (biases, grammar, penalties, DRY, typical, XTC,
+        mirostat: sampler_chain.KEEP_TOP are the samplers that cannot)."""
         return (self.greedy and self.grammar is None and not self.penalized
-                and not self.logit_bias and not self.ignore_eos)
+                and not self.logit_bias and not self.ignore_eos and not self.dry
+                and not self.xtc and self.typical_p >= 1.0 and not self.mirostat)
 
     def biases(self, model) -> list[tuple[int, float]]:
         """The chain's logit biases: the request's, then -inf for EOG tokens with ignore_eos
@@ -179,20 +240,22 @@ class Sampler:
     """Picks the token at a logits row of the last decode, for one sequence."""
 
     def __init__(self, ctx: Context, params: SamplingParams, prompt: Sequence[int] = ()):
-        """`prompt`: the sequence's prompt tokens; the penalties sampler counts its last
-        repeat_last_n (as llama-server accepts the prompt into its sampler without the
-        grammar), so penalties apply to text the prompt already holds."""
+        """`prompt`: the sequence's prompt tokens; the samplers that keep history (the
+        penalties, DRY) take its last repeat_last_n / dry_penalty_last_n (llama-server
+        accepts the prompt into its chain but the grammar), so they apply to text the
+        prompt already holds."""
         self.ctx, self.params = ctx, params
         self.chain = None
         self._probs: list[TokenProbs] = []
-        self._parts: dict[str, object] = {}  # "penalties", "grammar": samplers inside the chain
+        self._parts: dict[str, object] = {}  # "penalties", "dry", "grammar": inside the chain
         if not params.plain_argmax:
             self.chain, self._parts = self._build(ctx, params)
-        pen = self._parts.get("penalties")
-        if pen is not None and params.repeat_last_n != 0 and len(prompt):
-            n = params.repeat_last_n if params.repeat_last_n > 0 else len(prompt)
-            for tok in prompt[-n:]:
-                _llama().llama_sampler_accept(pen, int(tok))
+        for name, last_n in (("penalties", params.repeat_last_n),
+                             ("dry", params.dry_penalty_last_n)):
+            hist = self._parts.get(name)
+            if hist is not None and last_n != 0 and len(prompt):
+                for tok in prompt[-last_n if last_n > 0 else -len(prompt):]:
+                    _llama().llama_sampler_accept(hist, int(tok))
         if params.grammar is not None:
             try:
                 self._guard_grammar(start=True)
@@ -202,21 +265,22 @@ class Sampler:
 
     @staticmethod
     def _build(ctx: Context, p: SamplingParams) -> tuple[object, dict[str, object]]:
-        """The chain, and its penalties and grammar samplers (owned by the chain: used
-        in place, to prime the penalties with the prompt and to probe the grammar)."""
+        """The chain (sampler_chain.py's order), and its penalties, DRY and grammar
+        samplers (owned by the chain: used in place, to prime the history samplers with
+        the prompt and to probe the grammar)."""
         lc = _llama()
         chain = lc.llama_sampler_chain_init(lc.llama_sampler_chain_default_params())
         parts: dict[str, object] = {}
         biases = p.biases(ctx.model)
+        outside = [t for t, _ in biases if not 0 <= t < ctx.n_vocab]
+        if outside:
+            lc.llama_sampler_free(chain)
+            raise ConfigError(f"logit bias token {outside[0]} is outside the vocabulary "
+                              f"[0, {ctx.n_vocab})")
         if biases:
             arr = (lc.llama_logit_bias * len(biases))(*biases)
             lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_logit_bias(
                 ctx.n_vocab, len(biases), arr))
-        if p.penalized:
-            parts["penalties"] = lc.llama_sampler_init_penalties(
-                ctx.n_vocab, p.repeat_last_n, p.repeat_penalty, p.frequency_penalty,
-                p.presence_penalty)
-            lc.llama_sampler_chain_add(chain, parts["penalties"])
         if p.grammar is not None:
             g = lc.llama_sampler_init_grammar(ctx.model.vocab, p.grammar.encode(), b"root")
             if not g:
@@ -225,15 +289,7 @@ class Sampler:
                                   "(check the rule named 'root' and the syntax)")
             lc.llama_sampler_chain_add(chain, g)
             parts["grammar"] = g
-        if p.greedy:
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_greedy())
-        else:
-            if p.top_k > 0:
-                lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_k(p.top_k))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_top_p(p.top_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_min_p(p.min_p, 1))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_temp(p.temperature))
-            lc.llama_sampler_chain_add(chain, lc.llama_sampler_init_dist(p.seed & 0xFFFFFFFF))
+        parts.update(add_samplers(lc, chain, ctx, p))
         return chain, parts
 
     def sample(self, index: int, ctx: Context | None = None) -> int:

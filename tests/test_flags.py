@@ -34,7 +34,10 @@ VALUES = {"-fa": "off", "--flash-attn": "off", "--pooling": "mean", "-lm": "mmap
           "--load-mode": "mmap", "--spec-type": "ngram-mod", "--chat-template": "chatml",
           "--chat-template-kwargs": "{}", "--spec-synth-rates": "0.5,0.25", "-ngl": "all",
           "--host": "127.0.0.1,::1", "-j": "{}", "--json-schema": "{}",
-          "--slot-save-path": str(Path(__file__).resolve().parent)}
+          "--slot-save-path": str(Path(__file__).resolve().parent), "-ctk": "q8_0",
+          "--cache-type-k": "q8_0", "-ctv": "q4_0", "--cache-type-v": "q4_0",
+          "--samplers": "top_k;temperature", "--sampler-seq": "kt", "--sampling-seq": "kt",
+          "-l": "15043+1", "--logit-bias": "15043-inf"}
 
 
 def llama_server_flags() -> list[tuple[str, int]]:

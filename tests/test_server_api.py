@@ -340,3 +340,28 @@ def test_penalties_are_reported_in_generation_settings(http):
     gs = pen["generation_settings"]
     assert gs["presence_penalty"] == 1.5 and gs["frequency_penalty"] == 0.5
     assert pen["content"] != plain["content"]
+
+
+def test_other_samplers_are_applied_and_reported(http):
+    """DRY, XTC, typical, top-n-sigma, mirostat, dynatemp and the order: request fields
+    reported in generation_settings as llama-server names them; a seeded request with
+    DRY differs from one without, and the same request twice gives the same text."""
+    body = {"prompt": "Repeat after me: " + "the cat sat on the mat, " * 8, "n_predict": 24,
+            "temperature": 0.8, "seed": 9}
+    plain = http.post("/completion", json=body).json()
+    fields = {"dry_multiplier": 1.2, "dry_base": 0.5, "dry_allowed_length": 1,
+              "dry_penalty_last_n": -1, "dry_sequence_breakers": ["\n"], "xtc_probability": 0.2,
+              "xtc_threshold": 0.2, "typical_p": 0.95, "top_n_sigma": 2.0, "mirostat": 0,
+              "mirostat_tau": 4.0, "mirostat_eta": 0.2, "dynatemp_range": 0.1,
+              "dynatemp_exponent": 1.5, "min_keep": 1, "samplers": "edkypmxt"}
+    got = http.post("/completion", json={**body, **fields}).json()
+    again = http.post("/completion", json={**body, **fields}).json()
+    gs = got["generation_settings"]
+    for k, v in fields.items():
+        want = {"dry_base": 1.75, "samplers": ["penalties", "dry", "top_k", "typ_p", "top_p",
+                                               "min_p", "xtc", "temperature"]}.get(k, v)
+        if k == "dry_penalty_last_n":
+            want = gs["dry_penalty_last_n"]  # -1: the slot's context
+            assert want > 64
+        assert gs[k] == want, k
+    assert got["content"] != plain["content"] and got["content"] == again["content"]

@@ -62,6 +62,23 @@ class _Generation(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_last_n: Int32 | None = Field(None, ge=-1)
+    # llama-server's other samplers (None: the server's default; ranges as llama-server's)
+    dry_multiplier: float | None = None
+    dry_base: float | None = None  # below 1.0: the default
+    dry_allowed_length: Int32 | None = Field(None, ge=0)
+    dry_penalty_last_n: Int32 | None = Field(None, ge=-1)  # -1: the slot's context
+    dry_sequence_breakers: list[StrictStr] | None = Field(None, min_length=1)
+    xtc_probability: float | None = Field(None, ge=0.0, le=1.0)
+    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    typical_p: float | None = None
+    top_n_sigma: float | None = None
+    mirostat: Int32 | None = Field(None, ge=0, le=2)
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    min_keep: Int32 | None = Field(None, ge=0)
+    samplers: list[StrictStr] | StrictStr | None = None  # names, or a string of letters
     seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
@@ -78,7 +95,7 @@ class _Generation(BaseModel):
     n_discard: Int32 = Field(0, ge=0)  # context shift: tokens dropped (0: half the rest)
     # [[token|string, bias|false], ...] or {"token id"|string: bias|false} (llama-server, OpenAI)
     logit_bias: list[Any] | dict[str, Any] | None = None
-    ignore_eos: StrictBool = False  # bans every end-of-generation token (a -inf logit bias)
+    ignore_eos: StrictBool | None = None  # bans every EOG token (a -inf bias); None: --ignore-eos
     # top-N probabilities of every generated token (0: none; clamped to the vocabulary)
     n_probs: Int32 | None = Field(None, ge=0, le=MAX_N_PROBS)
     post_sampling_probs: StrictBool = False  # probabilities after the sampler chain

@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import Request
 
 from .probs import request_probs
-from .sampling_request import sampler_fields
+from .sampling_request import other_samplers, sampler_fields
 from .slot_actions import context_shift
 from .. import strict_json
 from ..config import SpecConfig, check_draft_model
@@ -108,7 +108,8 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           presence_penalty=float(pick(req.presence_penalty, d.presence_penalty)),
                           seed=seed_or_random(seed),
                           grammar=_grammar(req) or d.grammar,
-                          **sampler_fields(state.engine.model, req),
+                          **sampler_fields(state.engine.model, req, d),
+                          **other_samplers(d, req, state.n_ctx_slot),
                           **request_probs(req, state.engine.model.n_vocab))
 
 def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:

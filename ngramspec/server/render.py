@@ -16,10 +16,13 @@ from ..config import SpecConfig
 from ..generate import GenerationResponse
 from ..sampling import SamplingParams
 from ..stats import timings
+
+#: SamplingParams fields reported under their own name (llama-server's names)
+OTHER_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
+                        "xtc_threshold", "typical_p", "dry_multiplier", "dry_base",
+                        "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau",
+                        "mirostat_eta", "min_keep")
 from .prepare import SPEC_HEADER
-
-SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
-
 
 @lru_cache(maxsize=1)
 def system_fingerprint() -> str:
@@ -50,7 +53,9 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
             "presence_penalty": sampling.presence_penalty,
             "stop": stop, "max_tokens": n_predict, "stream": stream,
             "ignore_eos": sampling.ignore_eos, "logit_bias": logit_bias_json(biases),
-            "grammar": sampling.grammar or "", "samplers": SAMPLERS,
+            "grammar": sampling.grammar or "", "samplers": list(sampling.samplers),
+            **{k: getattr(sampling, k) for k in OTHER_SAMPLER_FIELDS},
+            "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
             "speculative": speculative,
             "speculative.types": ",".join(spec.types) or "none",
             "speculative.n_max": spec.max_draft(), "speculative.n_min": spec.draft_min,
