@@ -50,3 +50,28 @@ def test_props_sizes_are_the_first_types():
     assert SpecConfig(types=("ngram-mod",)).sizes() == (24, 64)
     assert SpecConfig(types=("ngram-map-k", "ngram-mod")).sizes() == (12, 48)
     assert SpecConfig(types=("auto",)).sizes() == SpecConfig(types=()).sizes() == (12, 48)
+
+
+def test_one_output_budget_rule_for_requests_and_records():
+    from ngramspec.jobs.scheduler import output_budget
+
+    assert output_budget(10, 100) == (10, False)
+    assert output_budget(200, 100) == (100, True)
+    assert output_budget(-1, 100) == (100, True)
+    assert output_budget(-1, 100, shift=True) == (-1, False)
+
+
+def test_a_prepared_job_gives_a_fresh_job_per_submission():
+    import numpy as np
+
+    from ngramspec.jobs.scheduler import Job
+    from ngramspec.sampling import SamplingParams
+    from ngramspec.server.prepare import Prepared, make_job
+
+    prep = Prepared(Job(prompt=np.arange(3, dtype=np.int32), sampling=SamplingParams(),
+                        n_predict=4, speculative=True, spec=None, stop=[],
+                        sink=lambda ev: None), "abc")
+    sinks = [lambda ev: None, lambda ev: None]
+    a, b = (make_job(prep, s) for s in sinks)
+    assert a.id != b.id and (a.sink, b.sink) == tuple(sinks)
+    assert (a.cancelled, a.finished) == (False, False) and a.prompt is prep.job.prompt

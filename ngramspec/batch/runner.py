@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt
-from ..jobs.scheduler import Event, Job, Scheduler
+from ..jobs.scheduler import Event, Job, Scheduler, output_budget
 from ..stats import calibration_line
 from .records import BadRecord, Record
 from .results import BatchResult
@@ -148,11 +148,10 @@ class EngineRunner:
         room = self.n_ctx_slot - len(tokens)
         want = self.defaults.n_predict if b.n_predict is None else b.n_predict
         speculative, spec = self._speculation(b)
-        job = Job(prompt=tokens, sampling=self._sampling(b),
-                  n_predict=room if want < 0 else min(want, room), speculative=speculative,
-                  spec=spec, stop=b.stop_list(), sink=lambda ev: None,
-                  truncate_at_length=want < 0 or want > room,
-                  cache_prompt=self.defaults.cache_prompt)
+        n_predict, truncated = output_budget(want, room)
+        job = Job(prompt=tokens, sampling=self._sampling(b), n_predict=n_predict,
+                  speculative=speculative, spec=spec, stop=b.stop_list(), sink=lambda ev: None,
+                  truncate_at_length=truncated, cache_prompt=self.defaults.cache_prompt)
         job.sink = self._sink(run, events, job.id)
         return job
 

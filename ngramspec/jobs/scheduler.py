@@ -90,10 +90,22 @@ class Job:
     return_progress: bool = False  # send a progress event at the start and per prompt chunk
     id_slot: int = -1  # the slot this job must run in (-1: any)
     context_shift: tuple[int, int] | None = None  # (n_keep, n_discard); None: stop when full
-    id: int = field(default_factory=lambda: next(_ids))
-    cancelled: bool = False
-    finished: bool = False
-    t_queued: float = field(default_factory=time.perf_counter)
+    # a job's own state: fresh in every job, also in one made by dataclasses.replace
+    id: int = field(default_factory=lambda: next(_ids), init=False)
+    cancelled: bool = field(default=False, init=False)
+    finished: bool = field(default=False, init=False)
+    t_queued: float = field(default_factory=time.perf_counter, init=False)
+
+
+def output_budget(want: int, room: int, shift: bool = False) -> tuple[int, bool]:
+    """(n_predict, truncate_at_length) of a job: the tokens asked for (`want`; < 0: until
+    the end) within the `room` the slot leaves after the prompt, and whether stopping
+    there means the slot is full ("length" with truncated set). With a context shift
+    (`shift`) the slot never fills: `want` as given. The one rule of the server's
+    requests and batch's records."""
+    if shift:
+        return want, False
+    return (room if want < 0 else min(want, room)), (want < 0 or want > room)
 
 
 @dataclass

@@ -24,7 +24,7 @@ from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
-from ..jobs.scheduler import Job
+from ..jobs.scheduler import Job, output_budget
 from .state import ServerState
 from ..jobs.types import ChatCompletionRequest, PromptObject, _Generation
 
@@ -35,20 +35,17 @@ ON_VALUES = {"on", "enabled", "true", "1", "yes", ""}
 
 @dataclass
 class Prepared:
-    tokens: np.ndarray
+    """A request made ready to run: its scheduler Job (the sink is set when it is
+    submitted, `make_job`), and what only the response needs."""
+
+    job: Job
     prompt_text: str
-    sampling: SamplingParams
-    n_predict: int
-    truncate_at_length: bool
-    speculative: bool
-    spec: SpecConfig | None
-    stop: list[str]
-    cache_prompt: bool = True
-    prediction: np.ndarray | None = None
     timings_per_token: bool = False
-    return_progress: bool = False  # streaming requests only, as llama-server
-    id_slot: int = -1
-    context_shift: tuple[int, int] | None = None
+
+
+def _no_sink(event) -> None:  # a prepared job's sink until `make_job` gives it one
+    raise RuntimeError("a prepared job ran before make_job gave it a sink")
+
 
 def _speculation(state: ServerState, req: _Generation, request: Request) -> tuple[bool, SpecConfig | None]:
     on = True
@@ -185,16 +182,16 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
     want = state.settings.n_predict if n_predict is None else n_predict
     speculative, spec = _speculation(state, req, request)
     shift = context_shift(state.settings, req)
-    return Prepared(tokens=tokens, prompt_text=prompt_text, sampling=_sampling(state, req),
-                    n_predict=want if shift else room if want < 0 else min(want, room),
-                    truncate_at_length=not shift and (want < 0 or want > room),
-                    id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
-                    context_shift=shift, speculative=speculative,
-                    spec=spec, stop=req.stop_list(),
-                    cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
-                    else req.cache_prompt,
-                    prediction=_prediction(state, req), timings_per_token=req.timings_per_token,
-                    return_progress=req.return_progress and req.stream)
+    n_predict, truncated = output_budget(want, room, bool(shift))
+    job = Job(prompt=tokens, sampling=_sampling(state, req), n_predict=n_predict,
+              truncate_at_length=truncated,
+              id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
+              context_shift=shift, speculative=speculative, spec=spec, stop=req.stop_list(),
+              cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
+              else req.cache_prompt,
+              prediction=_prediction(state, req), sink=_no_sink,
+              return_progress=req.return_progress and req.stream)
+    return Prepared(job, prompt_text, req.timings_per_token)
 
 def n_choices(state: ServerState, req: _Generation) -> int:
     """How many choices per prompt (`n_cmpl`, else `n`, else 1): 1 up to the slot
@@ -216,9 +213,9 @@ def expand_choices(preps: list[Prepared], n: int) -> list[Prepared]:
     for p in preps:
         out.append(p)
         for j in range(1, n):
-            s = p.sampling
+            s = p.job.sampling
             seed = s.seed if s.seed == RANDOM_SEED else (s.seed + j) & 0xFFFFFFFF
-            out.append(replace(p, id_slot=-1, sampling=replace(s, seed=seed)))
+            out.append(replace(p, job=replace(p.job, id_slot=-1, sampling=replace(s, seed=seed))))
     return out
 
 
@@ -267,8 +264,5 @@ def _check_unicode(value: Any, where: str = "body") -> None:
             _check_unicode(v, f"{where}[{i}]")
 
 def make_job(prep: Prepared, sink) -> Job:
-    return Job(prompt=prep.tokens, sampling=prep.sampling, n_predict=prep.n_predict,
-               speculative=prep.speculative, spec=prep.spec, stop=prep.stop, sink=sink,
-               truncate_at_length=prep.truncate_at_length, cache_prompt=prep.cache_prompt,
-               prediction=prep.prediction, return_progress=prep.return_progress,
-               id_slot=prep.id_slot, context_shift=prep.context_shift)
+    """The prepared request's Job with its sink: a new job each call (its own id)."""
+    return replace(prep.job, sink=sink)

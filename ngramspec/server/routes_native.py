@@ -119,11 +119,11 @@ async def completion(request: Request, state: ServerState = Depends(ready_state)
 def native_final_json(state: ServerState, prep: Prepared, job: Job, index: int, content: str,
                       tokens: list[int], ev: Event, stream: bool) -> dict:
     spec = job.spec or state.settings.spec
-    settings = render.params_json(prep.sampling, prep.n_predict, prep.stop, spec,
+    settings = render.params_json(prep.job.sampling, prep.job.n_predict, prep.job.stop, spec,
                                   job.speculative, stream, prep.timings_per_token,
                                   model=state.engine.model)
     return render.native_final(index, content, tokens, ev.response, state.model_id, settings,
-                               render.prompt_text(state.engine.model, prep.tokens))
+                               render.prompt_text(state.engine.model, prep.job.prompt))
 
 
 def native_partials(state: ServerState, i: int, r, n_prompt: int, slot_id: int,
@@ -151,7 +151,7 @@ async def native_stream(state: ServerState, run: Run, preps: list[Prepared],
         if ev.error is not None:
             yield sse(error_body(to_api_error(ev.error)))
             return
-        n_prompt = len(preps[i].tokens)
+        n_prompt = len(preps[i].job.prompt)
         r = ev.response
         if ev.progress is not None:
             yield sse(render.native_progress(i, ev.progress, n_prompt, ev.slot_id,

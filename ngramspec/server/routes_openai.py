@@ -114,7 +114,7 @@ def oai_choices(state: ServerState, body, preps: list[Prepared], got: list[Colle
         r = got_i.final.response
         c = render.oai_choice(chat, i, (p.prompt_text if echo else "") + got_i.text,
                               r.finish_reason)
-        if p.sampling.n_probs > 0:
+        if p.job.sampling.n_probs > 0:
             listed = probs.final_outputs(model, got_i.probs, r)
             c["logprobs"] = probs.oai_logprobs(model, listed, _echo_offset(body, chat, p))
         choices.append(c)
