@@ -281,7 +281,7 @@ def test_cache_prompt_default_comes_from_the_flag():
         req = NativeCompletionRequest.model_validate({"prompt": "x", **body})
         request = SimpleNamespace(headers={})
         prep = prepare(state, req, request, np.array([1, 2], dtype=np.int32), "x", 4)
-        assert prep.cache_prompt is want
+        assert prep.job.cache_prompt is want
 
 
 # ------------------------------------------------------------------ the real model
