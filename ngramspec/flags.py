@@ -486,8 +486,8 @@ _FLAGS += _accepted(
     "--control-vector-scaled=", "--override-kv=",
 )
 _FLAGS += _accepted(
-    "ignored", "the KV cache and RoPE settings stay the model's defaults (exactness is verified "
-               "for them only)",
+    "ignored", "the draft model's KV cache (f16), the defrag threshold and the RoPE settings "
+               "stay the defaults (exactness is verified for them only)",
     "--spec-draft-type-k -ctkd "
     "--cache-type-k-draft=", "--spec-draft-type-v -ctvd --cache-type-v-draft=", "-dt --defrag-thold=",
     "--rope-scaling=", "--rope-scale=", "--rope-freq-base=", "--rope-freq-scale=", "--yarn-orig-ctx=",

@@ -340,6 +340,8 @@ def test_penalties_are_reported_in_generation_settings(http):
     gs = pen["generation_settings"]
     assert gs["presence_penalty"] == 1.5 and gs["frequency_penalty"] == 0.5
     assert pen["content"] != plain["content"]
+    alias = http.post("/completion", json={**body, "penalty_last_n": 7}).json()
+    assert alias["generation_settings"]["repeat_last_n"] == 7
 
 
 def test_other_samplers_are_applied_and_reported(http):

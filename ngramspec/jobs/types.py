@@ -62,6 +62,7 @@ class _Generation(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_last_n: Int32 | None = Field(None, ge=-1)
+    penalty_last_n: Int32 | None = Field(None, ge=-1)  # the same as repeat_last_n (llama.cpp's name)
     # llama-server's other samplers (None: the server's default; ranges as llama-server's)
     dry_multiplier: float | None = None
     dry_base: float | None = None  # below 1.0: the default

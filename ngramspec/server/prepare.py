@@ -87,7 +87,9 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
     d = state.settings.sampling
     pick = lambda v, default: default if v is None else v  # noqa: E731
     seed = pick(req.seed, d.seed)
-    repeat_last_n = pick(req.repeat_last_n, d.repeat_last_n)
+    if req.repeat_last_n is not None and req.penalty_last_n is not None:
+        raise ConfigError("use only one of repeat_last_n and penalty_last_n")
+    repeat_last_n = pick(pick(req.repeat_last_n, req.penalty_last_n), d.repeat_last_n)
     if repeat_last_n == -1:
         repeat_last_n = state.n_ctx_slot
     for name in ("top_p", "min_p"):
