@@ -311,3 +311,25 @@ def test_an_occupancy_never_undrafted_is_priced_by_the_fitted_cost():
     produced = sum(i % 6 + 1 for i in range(30))
     assert s.plain_seconds == pytest.approx(produced * (_FakeEngine.BASE + _FakeEngine.PER_TOKEN),
                                             rel=0.05)
+
+
+@pytest.mark.model
+def test_records_take_the_other_samplers(tmp_path):
+    """A record's DRY and XTC settings are applied (seeded text differs from the
+    same record without them, and equals the same record run again); a bad value is an
+    error record."""
+    from ngramspec.cli import main
+
+    inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    base = {"prompt": PROMPTS[0], "n_predict": 24, "temperature": 0.9, "seed": 4}
+    write_input(inp, [{"id": "plain", **base},
+                      {"id": "dry", **base, "dry_multiplier": 1.5, "dry_allowed_length": 1},
+                      {"id": "dry-again", **base, "dry_multiplier": 1.5, "dry_allowed_length": 1},
+                      {"id": "xtc", **base, "xtc_probability": 1.0, "xtc_threshold": 0.02},
+                      {"id": "bad-xtc", **base, "xtc_probability": 3}])
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(out), *FLAGS], obj={})
+    assert r.exit_code == 1, r.output
+    got = {x["id"]: x for x in read_output(out)}
+    assert got["bad-xtc"]["error"]["type"] == "invalid_request_error"
+    text = {k: v["text"] for k, v in got.items() if "error" not in v}
+    assert text["dry"] == text["dry-again"] != text["plain"] and text["xtc"] != text["plain"]

@@ -39,7 +39,8 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
     record to OUTPUT.
 
     A record is {"id", "prompt"} or {"id", "messages"}, with optional n_predict,
-    temperature, seed, stop, grammar/json_schema and speculative (as in the server's
+    temperature, seed, stop, grammar/json_schema, speculative and the other samplers
+    (dry_*, xtc_*, typical_p, mirostat*, ...; as in the server's
     requests). A result line has id, line, text, finish_reason, llama.cpp's timings
     and, if the record failed, error {type, message}. Killed and re-run, the job
     goes on where it stopped. Exit status 1 if any record failed. Greedy (--temp 0)

@@ -2,8 +2,9 @@
 
 A record is `{"id": ..., "prompt": "..."}` or `{"id": ..., "messages": [...]}` with
 optional per-record overrides (`n_predict`, `temperature`, `seed`, `stop`,
-`grammar` or `json_schema`, `speculative`); any other key is refused, so a typo
-never silently falls back to a default.
+`grammar` or `json_schema`, `speculative`, and llama-server's other samplers:
+`jobs.types.OtherSamplers`); any other key is refused, so a typo never silently
+falls back to a default.
 
 Invariants:
 - Every non-blank input line becomes exactly one item, numbered `index` 0, 1, ...
@@ -21,15 +22,16 @@ import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError
+from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from .. import strict_json
 from ..errors import ConfigError, validation_message
-from ..jobs.types import ChatMessage, Int32, SpeculativeParams
+from ..jobs.types import ChatMessage, Int32, OtherSamplers, SpeculativeParams
 
 
-class RecordBody(BaseModel):
-    """The fields a record may carry (validated; unknown keys are errors)."""
+class RecordBody(OtherSamplers):
+    """The fields a record may carry (validated; unknown keys are errors), llama-server's
+    other samplers included."""
 
     model_config = ConfigDict(extra="forbid")
     id: StrictStr | StrictInt

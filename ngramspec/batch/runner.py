@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt
+from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Event, Job, Scheduler, output_budget
 from ..stats import calibration_line
 from .records import BadRecord, Record
@@ -164,7 +165,8 @@ class EngineRunner:
             grammar = schema_grammar(b.json_schema or {"type": "object"})
         seed = s.seed if b.seed is None else seed_or_random(b.seed)
         temperature = s.temperature if b.temperature is None else b.temperature
-        return replace(s, temperature=temperature, seed=seed, grammar=grammar)
+        return replace(s, temperature=temperature, seed=seed, grammar=grammar,
+                       **other_samplers(s, b, self.n_ctx_slot))
 
     def _speculation(self, b) -> tuple[bool, SpecConfig | None]:
         """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""

@@ -50,20 +50,11 @@ Prompt = Union[StrictStr, PromptObject,
                list[Union[StrictInt, StrictStr, list[Union[StrictInt, StrictStr]], PromptObject]]]
 
 
-class _Generation(BaseModel):
-    """Fields shared by every generation endpoint (llama-server and OpenAI names)."""
+class OtherSamplers(BaseModel):
+    """llama-server's other samplers, as request fields (None: the default; ranges as
+    llama-server's): every generation endpoint and every batch record take them
+    (`jobs/samplers.other_samplers` reads them)."""
 
-    model_config = ConfigDict(extra="ignore")
-    temperature: float | None = None
-    top_k: Int32 | None = Field(None, ge=0)
-    top_p: float | None = None
-    min_p: float | None = None
-    repeat_penalty: float | None = None
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repeat_last_n: Int32 | None = Field(None, ge=-1)
-    penalty_last_n: Int32 | None = Field(None, ge=-1)  # the same as repeat_last_n (llama.cpp's name)
-    # llama-server's other samplers (None: the server's default; ranges as llama-server's)
     dry_multiplier: float | None = None
     dry_base: float | None = None  # below 1.0: the default
     dry_allowed_length: Int32 | None = Field(None, ge=0)
@@ -80,6 +71,21 @@ class _Generation(BaseModel):
     dynatemp_exponent: float | None = None
     min_keep: Int32 | None = Field(None, ge=0)
     samplers: list[StrictStr] | StrictStr | None = None  # names, or a string of letters
+
+
+class _Generation(OtherSamplers):
+    """Fields shared by every generation endpoint (llama-server and OpenAI names)."""
+
+    model_config = ConfigDict(extra="ignore")
+    temperature: float | None = None
+    top_k: Int32 | None = Field(None, ge=0)
+    top_p: float | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repeat_last_n: Int32 | None = Field(None, ge=-1)
+    penalty_last_n: Int32 | None = Field(None, ge=-1)  # the same as repeat_last_n (llama.cpp's name)
     seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False

@@ -15,7 +15,7 @@ import numpy as np
 from fastapi import Request
 
 from .probs import request_probs
-from .sampling_request import other_samplers, sampler_fields
+from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from .. import strict_json
 from ..config import SpecConfig, check_draft_model
@@ -24,6 +24,7 @@ from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
+from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Job, output_budget
 from .state import ServerState
 from ..jobs.types import ChatCompletionRequest, PromptObject, _Generation

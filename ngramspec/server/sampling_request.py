@@ -1,6 +1,5 @@
-"""Request fields that go into the sampler chain: `logit_bias`, `ignore_eos`, and
-llama-server's other samplers (`other_samplers`: DRY, XTC, typical, top-n-sigma,
-mirostat, dynamic temperature, min_keep and the order, `samplers`).
+"""Request fields that go into the sampler chain: `logit_bias`, `ignore_eos` (the
+other samplers: jobs/samplers.py, shared with batch records).
 
 `logit_bias` is read as llama-server reads it:
 - a list of `[token, bias]` pairs, where `token` is an id or a string (every token of
@@ -61,30 +60,3 @@ def sampler_fields(model, req: Any, default) -> dict:
     return {"logit_bias": default.logit_bias if req.logit_bias is None
             else parse_logit_bias(model, req.logit_bias),
             "ignore_eos": default.ignore_eos if req.ignore_eos is None else req.ignore_eos}
-
-
-#: request fields that are SamplingParams fields of the same name, set as given
-_SAME = ("dry_multiplier", "dry_allowed_length", "xtc_probability", "xtc_threshold",
-         "typical_p", "top_n_sigma", "mirostat", "mirostat_tau", "mirostat_eta",
-         "dynatemp_range", "dynatemp_exponent", "min_keep")
-
-
-def other_samplers(default, req: Any, n_ctx_slot: int) -> dict:
-    """The SamplingParams fields of llama-server's other samplers for a request: each
-    field the request sets, else the server's default (`default`, SamplingParams), read
-    as llama-server reads them: dry_base below 1 is the default's, dry_penalty_last_n -1
-    the slot's context, `samplers` names or a string of letters (`parse_order`)."""
-    from ..sampler_chain import parse_order
-
-    def pick(name: str):
-        v = getattr(req, name)
-        return getattr(default, name) if v is None else v
-
-    out = {k: pick(k) for k in _SAME}
-    base = pick("dry_base")
-    out["dry_base"] = base if base >= 1.0 else default.dry_base
-    last_n = pick("dry_penalty_last_n")
-    out["dry_penalty_last_n"] = n_ctx_slot if last_n == -1 else last_n
-    out["dry_sequence_breakers"] = tuple(pick("dry_sequence_breakers"))
-    out["samplers"] = default.samplers if req.samplers is None else parse_order(req.samplers)
-    return out
