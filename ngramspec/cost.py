@@ -303,8 +303,8 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
     even two probe decodes cost a start-up 0.1-0.5 s on a busy 2-core machine): the
     run starts from the cached curve, or from DEFAULT_COEF when none is cached (then
     the curve the run learns is cached once, `Calibration.save`), and its own decodes
-    refine the curve within the run (CostTracker; its first refit after
-    CostTracker.FIRST_REFIT decodes). Only `refresh` measures every calibration shape
+    refine the curve within the run (CostTracker; its first refits after
+    CostTracker.FIRST_REFITS decodes). Only `refresh` measures every calibration shape
     and rewrites the entry; every decode it measures fits n_batch."""
     t0 = time.perf_counter()
     if refresh:
@@ -328,9 +328,10 @@ class CostTracker:
     """A run's decode-cost model, refined from the decodes the run makes.
 
     Each observed decode (its entries, its seconds) is a measurement of the model.
-    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are refitted by weighted least
-    squares on relative error over the window of recent decodes plus the prior curve's
-    own predictions for the calibration shapes (PRIOR_WEIGHT decodes' worth each):
+    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are
+    refitted by weighted least squares on relative error over the window of recent
+    decodes plus the prior curve's own predictions for the calibration shapes
+    (PRIOR_WEIGHT decodes' worth each):
     recent decodes weigh more (half-life HALF_LIFE decodes), so a machine that becomes
     slower or faster, or a prior measured under other conditions, is corrected within
     the run, while a direction the decodes do not show (long drafts never tried) keeps

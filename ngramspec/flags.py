@@ -26,6 +26,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from dataclasses import field as dc_field
 from pathlib import Path
@@ -36,7 +37,7 @@ import click
 from . import strict_json
 from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model, valid_types_text
 from .errors import ConfigError
-from .model import KV_TYPES
+from .model import KV_TYPES, kv_type_name
 
 ALL = frozenset({"generate", "serve", "bench", "batch"})
 GEN = frozenset({"generate", "serve", "batch"})  # commands that sample text for requests
@@ -156,14 +157,6 @@ def load_mode(mode: str, mmap: bool | None, mlock: bool) -> int:
     return LOAD_MODES["mmap+mlock" if mlock else "mmap"]
 
 
-def kv_cache_type(value: Any) -> str:
-    """A -ctk/-ctv value: one of llama.cpp's KV cache type names (model.KV_TYPES)."""
-    name = str(value).strip().lower()
-    if name not in KV_TYPES:
-        raise ConfigError(f"unknown KV cache type {value!r}; valid values: {', '.join(KV_TYPES)}")
-    return name
-
-
 def _on_off(value: Any) -> str:
     v = str(value).strip().lower()
     for canon, spellings in (("on", ("on", "enabled", "true", "1", "yes")),
@@ -213,10 +206,10 @@ _FLAGS: list[Flag] = [
          help="repacked weights for prompt processing (exact mode: prompts of 64+ tokens "
               "only; off on CPUs that advertise AMX)"),
     Flag(("-ctk", "--cache-type-k"), "cache_type_k", _M, str, "f16", commands=ALL,
-         parse=kv_cache_type, metavar="|".join(KV_TYPES),
+         parse=kv_type_name, metavar="|".join(KV_TYPES),
          help="KV cache type for K (exact with speculation: docs/exactness.md)"),
     Flag(("-ctv", "--cache-type-v"), "cache_type_v", _M, str, "f16", commands=ALL,
-         parse=kv_cache_type, metavar="|".join(KV_TYPES),
+         parse=kv_type_name, metavar="|".join(KV_TYPES),
          help="KV cache type for V (quantized types need flash attention)"),
     Flag(("--no-batch-invariance",), "no_batch_invariance", _M, bool, False, switch=True,
          commands=frozenset({"generate", "serve", "bench"}),
@@ -708,8 +701,6 @@ _SAMPLER_FIELDS = ("dry_multiplier", "dry_allowed_length", "dry_penalty_last_n",
 
 def _token_bias(value: str) -> tuple[int, float]:
     """llama.cpp's -l value TOKEN(+|-)BIAS: a token id, then a signed bias (inf allowed)."""
-    import re
-
     m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", value, re.I)
     if m is None:
         raise ConfigError(f"-l/--logit-bias takes TOKEN(+|-)BIAS, e.g. 15043+1 or 15043-inf; "
@@ -722,20 +713,21 @@ def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
     below 1 is the default (as llama.cpp), given breakers replace the default ('none':
     no breakers); --samplers or --sampler-seq set the order (sampler_chain.parse_order)."""
     from .sampler_chain import DEFAULT_ORDER, parse_order
+    from .sampling import SamplingParams
 
     out = {k: kw.pop(k) for k in _SAMPLER_FIELDS if k in kw}
     out["ignore_eos"] = bool(kw.pop("ignore_eos", False))
     out["logit_bias"] = tuple(_token_bias(v) for v in kw.pop("logit_bias", ()) or ())
-    base = kw.pop("dry_base", 1.75)
-    out["dry_base"] = 1.75 if base is None or base < 1.0 else base
+    base = kw.pop("dry_base", None)
+    out["dry_base"] = SamplingParams.dry_base if base is None or base < 1.0 else base
     breakers = kw.pop("dry_sequence_breaker", ())
     if breakers:
         out["dry_sequence_breakers"] = tuple(b for b in breakers if b != "none")
     names, seq = kw.pop("samplers", None), kw.pop("sampler_seq", None)
     if names is not None and seq is not None:
         raise ConfigError("use only one of --samplers and --sampler-seq")
-    out["samplers"] = parse_order(names if names is not None else seq) \
-        if (names or seq) is not None else DEFAULT_ORDER
+    order = names if names is not None else seq
+    out["samplers"] = DEFAULT_ORDER if order is None else parse_order(order)
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -755,8 +747,8 @@ def load_options(kw: dict[str, Any]):
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
                        load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
                        repack=v["repack"],
-                       cache_type_k=kv_cache_type(v["cache_type_k"] or "f16"),
-                       cache_type_v=kv_cache_type(v["cache_type_v"] or "f16"))
+                       cache_type_k=kv_type_name(v["cache_type_k"] or "f16"),
+                       cache_type_v=kv_type_name(v["cache_type_v"] or "f16"))
 
 
 def engine_settings(kw: dict[str, Any], n_seq: int = 1, verbose: bool = False,

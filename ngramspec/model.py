@@ -246,11 +246,18 @@ class Model:
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
 
+def kv_type_name(value) -> str:
+    """A KV cache type as given (-ctk/-ctv, any case): its name in KV_TYPES, or
+    ConfigError."""
+    name = str(value).strip().lower()
+    if name not in KV_TYPES:
+        raise ConfigError(f"unknown KV cache type {value!r}; valid values: {', '.join(KV_TYPES)}")
+    return name
+
+
 def kv_type(name: str) -> int:
     """The ggml type id of a KV cache type name (KV_TYPES)."""
-    if name not in KV_TYPES:
-        raise ConfigError(f"unknown KV cache type {name!r}; valid values: {', '.join(KV_TYPES)}")
-    return getattr(_llama(), f"GGML_TYPE_{name.upper()}")
+    return getattr(_llama(), f"GGML_TYPE_{kv_type_name(name).upper()}")
 
 
 @dataclass(frozen=True)

@@ -61,38 +61,48 @@ def order_string(order: tuple[str, ...]) -> str:
     return "".join(NAMES[n] for n in order)
 
 
+def _active(p, name: str) -> bool:
+    """Whether sampler `name` does something with the settings `p` (a no-op one is left
+    out of the chain). The one rule: the chain and `moves_top` read it."""
+    return {"penalties": p.penalized, "dry": p.dry, "top_n_sigma": p.top_n_sigma > 0,
+            "top_k": p.top_k > 0, "typ_p": p.typical_p < 1, "top_p": True, "min_p": True,
+            "xtc": p.xtc, "temperature": not p.greedy}[name]
+
+
+def moves_top(p) -> bool:
+    """Whether the chain can pick another token than the top one of the biased logits
+    at temperature 0: an active sampler of the order outside KEEP_TOP (with mirostat,
+    temperature 0 leaves the top token alone to it)."""
+    return not p.mirostat and any(_active(p, n) for n in p.samplers if n not in KEEP_TOP)
+
+
 def _sampler(lc, ctx, p, name: str):
-    """One llama.cpp sampler of the chain, or None where its settings make it a no-op."""
-    vocab = ctx.model.vocab
+    """One llama.cpp sampler of the chain, or None where it is not `_active`."""
+    if not _active(p, name):
+        return None
     if name == "penalties":
         return lc.llama_sampler_init_penalties(ctx.n_vocab, p.repeat_last_n, p.repeat_penalty,
-                                               p.frequency_penalty, p.presence_penalty) \
-            if p.penalized else None
+                                               p.frequency_penalty, p.presence_penalty)
     if name == "dry":
-        if not p.dry:
-            return None
         raw = [b.encode() for b in p.dry_sequence_breakers]
         arr = (ctypes.c_char_p * len(raw))(*raw)
         last_n = p.dry_penalty_last_n if p.dry_penalty_last_n >= 0 else ctx.n_ctx_seq  # -1: all
-        return lc.llama_sampler_init_dry(vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length,
-                                         last_n, arr, len(raw))
+        return lc.llama_sampler_init_dry(ctx.model.vocab, p.dry_multiplier, p.dry_base,
+                                         p.dry_allowed_length, last_n, arr, len(raw))
     if name == "top_n_sigma":
-        return lc.llama_sampler_init_top_n_sigma(p.top_n_sigma) if p.top_n_sigma > 0 else None
+        return lc.llama_sampler_init_top_n_sigma(p.top_n_sigma)
     if name == "top_k":
-        return lc.llama_sampler_init_top_k(p.top_k) if p.top_k > 0 else None
+        return lc.llama_sampler_init_top_k(p.top_k)
     if name == "typ_p":
-        return lc.llama_sampler_init_typical(p.typical_p, p.min_keep) if p.typical_p < 1 else None
+        return lc.llama_sampler_init_typical(p.typical_p, p.min_keep)
     if name == "top_p":
         return lc.llama_sampler_init_top_p(p.top_p, max(p.min_keep, 1))
     if name == "min_p":
         return lc.llama_sampler_init_min_p(p.min_p, max(p.min_keep, 1))
     if name == "xtc":
         return lc.llama_sampler_init_xtc(p.xtc_probability, p.xtc_threshold, p.min_keep,
-                                         p.seed & 0xFFFFFFFF) if p.xtc else None
-    if name == "temperature":
-        return None if p.greedy else lc.llama_sampler_init_temp_ext(
-            p.temperature, p.dynatemp_range, p.dynatemp_exponent)
-    raise ConfigError(f"unknown sampler {name!r}")
+                                         p.seed & 0xFFFFFFFF)
+    return lc.llama_sampler_init_temp_ext(p.temperature, p.dynatemp_range, p.dynatemp_exponent)
 
 
 def add_samplers(lc, chain, ctx, p) -> dict[str, object]:

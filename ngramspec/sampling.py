@@ -33,7 +33,7 @@ import numpy as np
 
 from .errors import ConfigError, GrammarError
 from .model import Context, _llama
-from .sampler_chain import DEFAULT_ORDER, NAMES, add_samplers
+from .sampler_chain import DEFAULT_ORDER, NAMES, add_samplers, moves_top
 
 
 #: a grammar whose sampling of one token is estimated to cost more than this is refused
@@ -156,12 +156,10 @@ class SamplingParams:
 
     @property
     def plain_argmax(self) -> bool:
-        """Whether greedy sampling is the argmax of the raw logits: nothing in the chain
-        that can move the top token (biases, grammar, penalties, DRY, typical, XTC,
-        mirostat: sampler_chain.KEEP_TOP are the samplers that cannot)."""
-        return (self.greedy and self.grammar is None and not self.penalized
-                and not self.logit_bias and not self.ignore_eos and not self.dry
-                and not self.xtc and self.typical_p >= 1.0 and not self.mirostat)
+        """Whether greedy sampling is the argmax of the raw logits: no biases, no grammar
+        and no sampler that can move the top token (sampler_chain.moves_top)."""
+        return (self.greedy and self.grammar is None and not self.logit_bias
+                and not self.ignore_eos and not moves_top(self))
 
     def biases(self, model) -> list[tuple[int, float]]:
         """The chain's logit biases: the request's, then -inf for EOG tokens with ignore_eos

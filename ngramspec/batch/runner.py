@@ -20,7 +20,7 @@ import queue
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
-from ..config import SpecConfig, check_draft_model
+from ..config import SpecConfig
 from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
@@ -172,6 +172,5 @@ class EngineRunner:
         """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""
         base = cfg = self.engine.spec
         if b.speculative is not None:
-            check_draft_model(b.speculative.type, self.engine.draft_drafter is not None)
-            cfg = base.override(**b.speculative.model_dump(exclude_none=True))
+            cfg = b.speculative.apply(base, self.engine.draft_drafter is not None)
         return self.engine.speculates(cfg), (None if cfg == base else cfg)

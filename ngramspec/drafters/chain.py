@@ -12,12 +12,11 @@ Invariants:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Callable, Sequence
 
 import numpy as np
 
-from ..config import SPEC_TYPE, SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig
+from ..config import SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig
 from ..errors import ConfigError
 from ..pool import HashPool
 from ..stats import DrafterStats
@@ -60,10 +59,10 @@ def drafter_keys(cfg: SpecConfig) -> list[tuple]:
     return [(t, cfg.params(t), t) for t in cfg.types]
 
 
-def make_drafter_for(key: tuple, cfg: SpecConfig, pool: HashPool):
-    """One drafter for a `drafter_keys` entry, on `pool`."""
+def make_drafter_for(key: tuple, pool: HashPool):
+    """One drafter for a `drafter_keys` entry (its type's class on its parameters), on `pool`."""
     t, params, name = key
-    d = REGISTRY[t](replace(cfg, types=(t,), **{SPEC_TYPE[t].field: params}), pool)
+    d = _CLASSES[t](params, pool)
     d.name = name
     return d
 
@@ -79,7 +78,7 @@ class DrafterChain:
         self.config = config
         self.pool = pool or HashPool(config.pool_bytes)
         self.drafters = drafters if drafters is not None else [
-            make_drafter_for(key, config, self.pool) for key in drafter_keys(config)]
+            make_drafter_for(key, self.pool) for key in drafter_keys(config)]
         self.stats = {d.name: DrafterStats(d.name) for d in self.drafters}
         self._last: dict[int, Drafter | None] = {}
         self._cap = config.draft_max if config.draft_max is not None else 1 << 30

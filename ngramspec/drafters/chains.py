@@ -37,7 +37,7 @@ class Chains:
             drafters = []
             for key in drafter_keys(cfg):
                 if key not in self._drafters:
-                    self._drafters[key] = make_drafter_for(key, cfg, self.pool)
+                    self._drafters[key] = make_drafter_for(key, self.pool)
                 drafters.append(self._drafters[key])
             if self.draft_drafter is not None:
                 drafters.append(self.draft_drafter)

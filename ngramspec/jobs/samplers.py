@@ -6,12 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 from ..sampler_chain import parse_order
+from .types import OtherSamplers
 
-
-#: request fields that are SamplingParams fields of the same name, set as given
-_SAME = ("dry_multiplier", "dry_allowed_length", "xtc_probability", "xtc_threshold",
-         "typical_p", "top_n_sigma", "mirostat", "mirostat_tau", "mirostat_eta",
-         "dynatemp_range", "dynatemp_exponent", "min_keep")
+#: the numeric fields of OtherSamplers (each a SamplingParams field of the same name,
+#: reported under it in generation_settings)
+NUMBER_FIELDS = tuple(k for k in OtherSamplers.model_fields
+                      if k not in ("dry_sequence_breakers", "samplers"))
+#: those set as given; dry_base and dry_penalty_last_n are read as llama-server reads them
+_SAME = tuple(k for k in NUMBER_FIELDS if k not in ("dry_base", "dry_penalty_last_n"))
 
 
 def other_samplers(default, req: Any, n_ctx_slot: int) -> dict:

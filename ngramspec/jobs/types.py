@@ -6,6 +6,8 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
+from ..config import SpecConfig, check_draft_model
+
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
 #: more candidates per token than this is refused (llama-server clamps to the vocabulary;
 #: thousands of entries per generated token only make the response huge)
@@ -26,6 +28,13 @@ class SpeculativeParams(BaseModel):
     ngram_size_n: Int32 | None = None  # key length (clamped to [1, 1024])
     ngram_size_m: Int32 | None = None  # drafted length (clamped to [1, 1024])
     ngram_min_hits: Int32 | None = None  # map-k/-k4v: key hits before drafting ([1, 65535])
+
+    def apply(self, base: SpecConfig, has_draft_model: bool) -> SpecConfig:
+        """`base` with these fields applied (SpecConfig.override); ConfigError for a
+        draft-model type on an engine without a draft model (config.check_draft_model).
+        The one reading of a request's or record's `speculative` object."""
+        check_draft_model(self.type, has_draft_model)
+        return base.override(**self.model_dump(exclude_none=True))
 
 
 class Prediction(BaseModel):
@@ -85,7 +94,7 @@ class _Generation(OtherSamplers):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repeat_last_n: Int32 | None = Field(None, ge=-1)
-    penalty_last_n: Int32 | None = Field(None, ge=-1)  # the same as repeat_last_n (llama.cpp's name)
+    penalty_last_n: Int32 | None = Field(None, ge=-1)  # llama.cpp's name of repeat_last_n
     seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False

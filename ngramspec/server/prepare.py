@@ -18,7 +18,7 @@ from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from .. import strict_json
-from ..config import SpecConfig, check_draft_model
+from ..config import SpecConfig
 from ..errors import ConfigError, TokenError
 from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
@@ -59,8 +59,7 @@ def _speculation(state: ServerState, req: _Generation, request: Request) -> tupl
             raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
     cfg = state.settings.spec
     if req.speculative is not None:
-        check_draft_model(req.speculative.type, state.engine.draft_drafter is not None)
-        cfg = cfg.override(**req.speculative.model_dump(exclude_none=True))
+        cfg = req.speculative.apply(cfg, state.engine.draft_drafter is not None)
     on = state.engine.speculates(cfg, on, req.prediction is not None)
     return on, (None if cfg == state.engine.spec else cfg)
 

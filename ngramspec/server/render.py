@@ -14,15 +14,11 @@ from typing import Any
 
 from ..config import SpecConfig
 from ..generate import GenerationResponse
+from ..jobs.samplers import NUMBER_FIELDS
 from ..sampling import SamplingParams
 from ..stats import timings
-
-#: SamplingParams fields reported under their own name (llama-server's names)
-OTHER_SAMPLER_FIELDS = ("dynatemp_range", "dynatemp_exponent", "top_n_sigma", "xtc_probability",
-                        "xtc_threshold", "typical_p", "dry_multiplier", "dry_base",
-                        "dry_allowed_length", "dry_penalty_last_n", "mirostat", "mirostat_tau",
-                        "mirostat_eta", "min_keep")
 from .prepare import SPEC_HEADER
+
 
 @lru_cache(maxsize=1)
 def system_fingerprint() -> str:
@@ -46,6 +42,7 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
     chain's (`SamplingParams.biases`: with ignore_eos every EOG token at -inf), which
     needs the `model`; without it only the request's own biases are listed."""
     biases = sampling.biases(model) if model is not None else sampling.logit_bias
+    key_len, draft_len = spec.sizes()
     return {"n_predict": n_predict, "seed": sampling.seed, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": sampling.min_p,
             "repeat_last_n": sampling.repeat_last_n, "repeat_penalty": sampling.repeat_penalty,
@@ -54,13 +51,12 @@ def params_json(sampling: SamplingParams, n_predict: int, stop: list[str], spec:
             "stop": stop, "max_tokens": n_predict, "stream": stream,
             "ignore_eos": sampling.ignore_eos, "logit_bias": logit_bias_json(biases),
             "grammar": sampling.grammar or "", "samplers": list(sampling.samplers),
-            **{k: getattr(sampling, k) for k in OTHER_SAMPLER_FIELDS},
+            **{k: getattr(sampling, k) for k in NUMBER_FIELDS},
             "dry_sequence_breakers": list(sampling.dry_sequence_breakers),
             "speculative": speculative,
             "speculative.types": ",".join(spec.types) or "none",
             "speculative.n_max": spec.max_draft(), "speculative.n_min": spec.draft_min,
-            "speculative.ngram_size_n": spec.sizes()[0],
-            "speculative.ngram_size_m": spec.sizes()[1],
+            "speculative.ngram_size_n": key_len, "speculative.ngram_size_m": draft_len,
             "timings_per_token": timings_per_token}
 
 
