@@ -68,6 +68,7 @@ class DecodeCost:
     per_seq_streams: bool = False  # the context's KV layout (decides the split)
     n_ubatch: int = 512
     pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
+    lone_ok: bool = False  # a lone token needs no padding row (Context.lone_ok)
     logit_quantum: int = 2  # sgemm columns per pass (model.logit_quantum)
 
     def __post_init__(self) -> None:
@@ -83,7 +84,7 @@ class DecodeCost:
         shapes = [s for s in shapes if s.n_tokens > 0]
         lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
                             self.n_ubatch, self.per_seq_streams, pad=self.pad,
-                            quantum=self.logit_quantum)
+                            quantum=self.logit_quantum, lone_ok=self.lone_ok)
         pads = lay.pads
         tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
         kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
@@ -384,7 +385,8 @@ class CostTracker:
         coef = _nonneg_lstsq(x, y, w)
         p = self.prior
         return DecodeCost(*[float(c) for c in coef], per_seq_streams=p.per_seq_streams,
-                          n_ubatch=p.n_ubatch, pad=p.pad, logit_quantum=p.logit_quantum)
+                          n_ubatch=p.n_ubatch, pad=p.pad, logit_quantum=p.logit_quantum,
+                          lone_ok=p.lone_ok)
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
@@ -448,8 +450,7 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     (no engine's cached prompt in them), and clears them after (a warm-up decode
     first: the first decodes allocate buffers)."""
     t0 = time.perf_counter()
-    layout = {"per_seq_streams": ctx.per_seq_streams, "n_ubatch": ctx.n_ubatch,
-              "pad": ctx.invariant, "logit_quantum": ctx.logit_quantum}
+    layout = ctx.cost_layout
     kv = (ctx.params.type_k, ctx.params.type_v)
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import os
+import platform
 import threading
 from dataclasses import dataclass
 from functools import cache, cached_property
@@ -22,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import ubatch
+from . import gguf_types, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -173,6 +174,12 @@ class Model:
         except Exception:
             pass
 
+    @cached_property
+    def weight_types(self) -> frozenset[str] | None:
+        """The ggml types of the model's matrices, from the GGUF header (None: unreadable);
+        read at first use (a context with an F16 K/V cache never asks)."""
+        return gguf_types.matrix_types(self.path)
+
     # ------------------------------------------------------------ vocabulary
     @cached_property
     def _eog(self) -> np.ndarray:
@@ -321,6 +328,10 @@ class Context:
         self.per_seq_streams = not cp.kv_unified
         self.invariant = params.batch_invariant
         self.logit_quantum = logit_quantum()
+        # rule U1 pads a lone token only where its kernels differ (ubatch.py); measured on x86-64
+        self.lone_ok = (self.invariant and platform.machine().lower() in ("x86_64", "amd64")
+                        and ubatch.lone_token_invariant(params.type_k, params.type_v,
+                                                        lambda: model.weight_types))
         # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
         self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
         self.memory = lc.llama_get_memory(self.ptr)
@@ -329,6 +340,14 @@ class Context:
         self.twin = twin if self.tiled_prefill else None
         if twin is not None and self.twin is None:
             twin.close()
+
+    @property
+    def cost_layout(self) -> dict:
+        """What decides how a decode of this context is laid out (split, padding, logit
+        passes): the layout fields of `cost.DecodeCost`."""
+        return {"per_seq_streams": self.per_seq_streams, "n_ubatch": self.n_ubatch,
+                "pad": self.invariant, "logit_quantum": self.logit_quantum,
+                "lone_ok": self.lone_ok}
 
     def close(self) -> None:
         lc = _llama()
@@ -359,7 +378,8 @@ class Context:
         `logits_at`/samplers). The total must fit in n_batch.
 
         Batch-invariant contexts: where llama.cpp would evaluate a token alone in a
-        ubatch, a dummy token is appended to that sequence (at the next position,
+        ubatch and its kernels would differ there (`lone_ok` False: the default F16
+        K/V cache), a dummy token is appended to that sequence (at the next position,
         no logits) and removed after the decode (`ubatch.pads_needed`); a decode
         that would still break an invariance rule raises ValueError.
         """
@@ -435,13 +455,13 @@ class Context:
         if total > self.n_batch:
             raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
         lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant,
-                            quantum=self.logit_quantum, room=room)
+                            quantum=self.logit_quantum, room=room, lone_ok=self.lone_ok)
         n_pads = sum(lay.pads.values())
         if n_pads + total > self.n_batch:
             raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "
                              f"n_batch={self.n_batch}")
         if self.invariant:
-            why = ubatch.invariant_violation(lay.ubatches)
+            why = ubatch.invariant_violation(lay.ubatches, self.lone_ok)
             if why is not None:
                 raise ValueError(f"decode of {list(entries)} is not batch-invariant: {why}")
         return lay

@@ -11,11 +11,13 @@ llama.cpp evaluates a batch as one or more *ubatches*, each a separate graph:
 
 So a decode of [3, 2, 2, 2] tokens for sequences 0..3 runs as {0..3: 2 each} and
 then {0: 1}: sequence 0's last token alone. A lone token takes other kernels than
-a token among others (flash attention's split-KV path for one query, the
-1-column matmul), so its logits differ from plain decoding.
+a token among others (flash attention's split-KV path for one query of one stream,
+with an F16 K and V cache; `lone_token_invariant` says where it cannot), so its
+logits differ from plain decoding.
 
 Invariants (checked by `invariant_violation`, guaranteed by `pads_needed`):
-- U1: no ubatch holds exactly one token;
+- U1: no ubatch holds exactly one token, unless the context's kernels treat a lone
+  token as one among others (`lone_ok`: no split-KV path, no float-weight sgemm);
 - U2: no stream holds 64 or more tokens in one ubatch (flash attention's tiled
   path starts at 64 query rows of one stream).
 This module is pure (no llama.cpp): the split is a function of the batch's token
@@ -25,7 +27,7 @@ entries in ascending seq id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 #: flash attention takes a tiled kernel at this many query rows of one stream
 FA_TILE_ROWS = 64
@@ -100,10 +102,36 @@ def split(lengths: Sequence[tuple[int, int]], n_ubatch: int, per_seq_streams: bo
     return (split_equal if per_seq_streams else split_simple)(lengths, n_ubatch)
 
 
-def invariant_violation(ubatches: Sequence[Ubatch]) -> str | None:
-    """Why this split is not batch-invariant (U1/U2), or None."""
+#: llama.cpp casts an F32 K or V cache to F16 before flash attention (llama-graph.cpp)
+_FA_TYPE = {"f32": "f16"}
+#: weight types llamafile's sgemm takes through float FMA tiles on x86 (a 1-column
+#: matmul goes through vec_dot instead, in another summation order)
+FLOAT_WEIGHTS = frozenset({"f32", "f16", "bf16"})
+
+
+def lone_token_invariant(type_k: str, type_v: str,
+                         weight_types: Callable[[], frozenset[str] | None]) -> bool:
+    """Whether a token alone in a ubatch is computed exactly as among other rows, so
+    rule U1 needs no padding row. ggml's flash attention splits one query's KV range
+    over the threads (another summation order) only for a single query row of a single
+    stream whose K is F16 and V of K's type (ops.cpp), so a K/V pair that is not F16/F16
+    after llama.cpp's F32->F16 cast never takes it; the matmuls of a quantized weight
+    (vec_dot for one column, tinyBLAS' Q0 kernels or vec_dot for several) give each
+    column the same values, measured on Gemma 3 (Q4_K/Q6_K/Q8_0/Q5_0) and SmolLM2
+    (Q4_1), but a float weight goes through sgemm's FMA tiles for 2+ columns only.
+    `weight_types()`: the model's matrix types (None: unknown, so not invariant), asked
+    only when the K/V pair rules the split out."""
+    if _FA_TYPE.get(type_k, type_k) == "f16" == _FA_TYPE.get(type_v, type_v):
+        return False
+    types = weight_types()
+    return types is not None and not types & FLOAT_WEIGHTS
+
+
+def invariant_violation(ubatches: Sequence[Ubatch], lone_ok: bool = False) -> str | None:
+    """Why this split is not batch-invariant (U1/U2), or None; `lone_ok`: a lone token
+    is (`lone_token_invariant`)."""
     for ub in ubatches:
-        if ub.n_tokens == 1:
+        if ub.n_tokens == 1 and not lone_ok:
             return f"a ubatch holds a single token (sequence {ub.take[0][0]})"
         if ub.max_per_stream >= FA_TILE_ROWS:
             return f"a ubatch holds {ub.max_per_stream} tokens of one stream (limit {FA_TILE_ROWS - 1})"
@@ -168,10 +196,12 @@ def _logits_per_ubatch(entries, pads, pad_logits, ubatches) -> list[int]:
 
 
 def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_streams: bool,
-           pad: bool = True, quantum: int = 2, room: int | None = None) -> Layout:
+           pad: bool = True, quantum: int = 2, room: int | None = None,
+           lone_ok: bool = False) -> Layout:
     """The layout of a decode of entries (seq_id, n_tokens, n_logits), ascending seq_id.
 
-    With `pad` (batch-invariant contexts): U1 padding (`pads_needed`), then every
+    With `pad` (batch-invariant contexts): U1 padding (`pads_needed`; none where a
+    lone token is invariant, `lone_ok`), then every
     ubatch whose logit count is `ragged` gets padding rows with logits up to the next
     multiple of `quantum`: with a single stream padding rows are added for that (while
     the stream stays under 64 rows and one ubatch, and the rows fit the `room` cells
@@ -181,7 +211,7 @@ def layout(entries: Sequence[tuple[int, int, int]], n_ubatch: int, per_seq_strea
     ~2.5 ms; the logits of a row do not depend on the others (batch invariance).
     """
     lengths = [(s, n) for s, n, _ in entries]
-    pads = pads_needed(lengths, n_ubatch, per_seq_streams) if pad else {}
+    pads = pads_needed(lengths, n_ubatch, per_seq_streams) if pad and not lone_ok else {}
     pad_logits: dict[int, int] = {}
     if pad and not per_seq_streams and entries:
         total = sum(nl for _, _, nl in entries)

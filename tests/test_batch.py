@@ -267,7 +267,8 @@ class _FakeEngine:
     def __init__(self, clock, script):
         from types import SimpleNamespace
 
-        self.ctx = SimpleNamespace(per_seq_streams=True, n_ubatch=512, invariant=False)
+        self.ctx = SimpleNamespace(cost_layout={"per_seq_streams": True, "n_ubatch": 512,
+                                                "pad": False})
         self.clock, self.script, self.n = clock, script, 0
 
     def step(self, seqs):

@@ -73,9 +73,7 @@ class StepTimer:
 
     def __init__(self, engine, keep: int = 4096, clock=time.perf_counter):
         self.engine, self.keep, self.clock = engine, keep, clock
-        c = engine.ctx
-        self._layout = {"per_seq_streams": c.per_seq_streams, "n_ubatch": c.n_ubatch,
-                        "pad": c.invariant}
+        self._layout = engine.ctx.cost_layout
         self._probe = DecodeCost(1.0, 0.0, 0.0, **self._layout)
         self._samples: list[tuple[list[Shape], float]] = []
         self._rng = random.Random(0)
