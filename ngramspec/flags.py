@@ -207,7 +207,8 @@ _FLAGS: list[Flag] = [
               "only; off on CPUs that advertise AMX)"),
     Flag(("-ctk", "--cache-type-k"), "cache_type_k", _M, str, "f16", commands=ALL,
          parse=kv_type_name, metavar="|".join(KV_TYPES),
-         help="KV cache type for K (exact with speculation: docs/exactness.md)"),
+         help="KV cache type for K (exact with speculation: docs/exactness.md; any K/V "
+              "pair but f16/f16 also makes one-token steps faster)"),
     Flag(("-ctv", "--cache-type-v"), "cache_type_v", _M, str, "f16", commands=ALL,
          parse=kv_type_name, metavar="|".join(KV_TYPES),
          help="KV cache type for V (quantized types need flash attention)"),
