@@ -133,3 +133,38 @@ def test_unpadded_spec_on_equals_spec_off_on_a_long_prompt(request, which, threa
         assert on.text == off.text and on.final.draft_n_accepted > 0  # verify steps ran
     finally:
         ctx.close()
+
+
+@pytest.mark.model
+@pytest.mark.slow
+@pytest.mark.parametrize("which,n_seq", [("gemma", 8), ("smollm2", 8), ("gemma", 16)])
+def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, twin_model, threads):
+    """q8_0 K/V, held-out documents in n_seq slots decoding together with speculation (lone
+    tokens of one stream in a ubatch, unpadded) give each document's text alone, spec-off."""
+    from together import run_together
+
+    from ngramspec.twin import load_twin, open_context
+
+    m = request.getfixturevalue("model" if which == "gemma" else "smollm2")
+    twin = twin_model if which == "gemma" else load_twin(m.path)
+    prompts = ([d.prompt for d in documents()] * 2)[:n_seq]
+    greedy = SamplingParams(temperature=0.0)
+    kv = {"n_threads": threads, "type_k": "q8_0", "type_v": "q8_0"}
+    one = open_context(m, ContextParams(n_ctx=4096, **kv), twin)
+    solo = []
+    for p in prompts:
+        one.clear()
+        solo.append(generate(Engine(m, one, SpecConfig(types=())), p, greedy, 96,
+                             speculative=False).text)
+    one.close()
+    ctx = open_context(m, ContextParams(n_ctx=4096 * n_seq, n_seq_max=n_seq, **kv), twin)
+    try:
+        assert ctx.lone_ok
+        cfg = SpecConfig(types=("ngram-simple", "ngram-mod"), policy="cost",
+                         ngram_mod=NgramModParams(n_match=8, n_min=2, n_max=64))
+        toks, states = run_together(Engine(m, ctx, cfg), [m.tokenize(p) for p in prompts],
+                                    [greedy] * n_seq, 96)
+        assert [m.detokenize(t) for t in toks] == solo
+        assert sum(st.draft_n_accepted for st in states) > 0
+    finally:
+        ctx.close()
