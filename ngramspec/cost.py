@@ -43,6 +43,8 @@ MAX_DRAFT = 64
 #: what `DecodeCost.features` counts per decode, in the order of `DecodeCost.coef`
 FEATURES = ("ubatches", "tokens", "logit rows", "token-kilocells", "ragged ubatches",
             "multi-logit ubatches")
+#: `DecodeCost`'s coefficient fields, one per feature, in FEATURES' order
+COEF_FIELDS = ("per_ubatch", "per_token", "per_logit", "per_kv", "per_odd", "per_multi")
 
 
 @dataclass(frozen=True)
@@ -94,8 +96,11 @@ class DecodeCost:
 
     @property
     def coef(self) -> np.ndarray:
-        return np.array([self.per_ubatch, self.per_token, self.per_logit, self.per_kv,
-                         self.per_odd, self.per_multi])
+        return np.array([getattr(self, f) for f in COEF_FIELDS])
+
+    def with_coef(self, coef: Sequence[float]) -> "DecodeCost":
+        """The same layout with other coefficients (in COEF_FIELDS' order)."""
+        return replace(self, **{f: float(c) for f, c in zip(COEF_FIELDS, coef)})
 
     def seconds(self, shapes: Sequence[Shape]) -> float:
         return float(self.features(shapes) @ self.coef)
@@ -383,10 +388,7 @@ class CostTracker:
         mad = np.median(r[:len(self._y)]) + 1e-3
         w = w * np.where(r > 4 * mad, 4 * mad / np.maximum(r, 1e-12), 1.0)
         coef = _nonneg_lstsq(x, y, w)
-        p = self.prior
-        return DecodeCost(*[float(c) for c in coef], per_seq_streams=p.per_seq_streams,
-                          n_ubatch=p.n_ubatch, pad=p.pad, logit_quantum=p.logit_quantum,
-                          lone_ok=p.lone_ok)
+        return self.prior.with_coef(coef)
 
 
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,

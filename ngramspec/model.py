@@ -174,10 +174,10 @@ class Model:
         except Exception:
             pass
 
-    @cached_property
+    @property
     def weight_types(self) -> frozenset[str] | None:
         """The ggml types of the model's matrices, from the GGUF header (None: unreadable);
-        read at first use (a context with an F16 K/V cache never asks)."""
+        read at first use, once per file (a context with an F16 K/V cache never asks)."""
         return gguf_types.matrix_types(self.path)
 
     # ------------------------------------------------------------ vocabulary

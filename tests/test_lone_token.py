@@ -168,3 +168,5 @@ def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, twin_mo
         assert sum(st.draft_n_accepted for st in states) > 0
     finally:
         ctx.close()
+        if twin is not None and twin is not twin_model:
+            twin.close()
