@@ -327,7 +327,8 @@ class Engine:
             opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
                         else planner.DraftOptions())
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
-        ks = planner.plan(opts, base, getattr(self.policy, "cost", None), *self._limits())
+        ks = planner.plan(opts, base, getattr(self.policy, "cost", None), *self._limits(),
+                          trust=self.policy.trust(len(base)))
         drafts = [st.spec.commit(k) if st.spec is not None else np.zeros(0, np.int32)
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)

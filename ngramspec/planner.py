@@ -32,9 +32,11 @@ MAX_ROUNDS = 4
 
 
 def plan(options: Sequence[DraftOptions], base: Sequence[Shape], cost: DecodeCost | None,
-         per_seq_max: int, total_max: int) -> list[int]:
+         per_seq_max: int, total_max: int, trust: float = 1.0) -> list[int]:
     """Draft length per sequence. `base[i]` is sequence i's entry without a draft
-    (its sampled token: 1 token, 1 logit row, its stream's cells)."""
+    (its sampled token: 1 token, 1 logit row, its stream's cells). `trust` (<= 1, the
+    policy's DraftTrust factor): a plan with drafts is kept only if its objective
+    times `trust` beats no drafts."""
     caps = [max(0, min(o.k_max, per_seq_max - s.n_tokens)) for o, s in zip(options, base)]
     budget = total_max - sum(s.n_tokens for s in base)
     if cost is None or all(o.fixed for o in options):
@@ -44,10 +46,11 @@ def plan(options: Sequence[DraftOptions], base: Sequence[Shape], cost: DecodeCos
             budget -= k
             ks.append(k)
         return ks
-    return _ascend(options, base, cost, caps, budget)
+    return _ascend(options, base, cost, caps, budget, trust)
 
 
-def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int) -> list[int]:
+def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
+            trust: float) -> list[int]:
     ks = [0] * len(options)
     active = [i for i, c in enumerate(caps) if c > 0]
     if not active:
@@ -59,7 +62,7 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int) -> li
         return cost.seconds([Shape(s.seq_id, s.n_tokens + kk, s.n_logits + kk, s.n_kv)
                              for s, kk in zip(base, k)])
 
-    best = total / seconds(ks)
+    best = plain = total / seconds(ks)
     for _ in range(MAX_ROUNDS):
         changed = False
         for i in active:
@@ -84,4 +87,4 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int) -> li
                 changed = True
         if not changed:
             break
-    return ks
+    return ks if best * trust > plain else [0] * len(ks)

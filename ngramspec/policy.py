@@ -28,6 +28,7 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from .cost import MAX_DRAFT, AcceptanceStats, CostTracker, DecodeCost, Shape
+from .draft_trust import DraftTrust
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
 SEQ_PRIOR_WEIGHT = 0.3  # a new sequence starts from the drafter's global stats, scaled down
@@ -47,6 +48,9 @@ class DraftPolicy(Protocol):
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
         """A generation decode of `shapes` took `seconds` (the cost model learns from it)."""
 
+    def trust(self, n_seqs: int) -> float:
+        """The share of a drafted decode's predicted speed to count on (draft_trust.py)."""
+
 
 class FixedPolicy:
     """llama.cpp: the first drafter's draft at its own length."""
@@ -64,6 +68,9 @@ class FixedPolicy:
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
         pass
+
+    def trust(self, n_seqs: int) -> float:
+        return 1.0
 
 
 def majority(props: list) -> list:
@@ -96,6 +103,7 @@ class CostPolicy:
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
         self.global_stats: dict[tuple[str, bool], AcceptanceStats] = {}  # (drafter, copying)
+        self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
 
     def stats(self, sp: Speculation, name: str) -> AcceptanceStats:
         """The sequence's stats for drafter `name` in the sequence's current run state
@@ -149,6 +157,9 @@ class CostPolicy:
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
         em = np.asarray(emitted, dtype=np.int32)
+        if sp.committed is not None and sp.options.expected is not None:
+            e = sp.options.expected
+            self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d.name, sp.committed[1], n_accepted)
@@ -163,9 +174,17 @@ class CostPolicy:
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
-        """Refine the cost model from a generation decode (CostTracker); once, after
-        SAVE_AFTER decodes, hand the learnt curve to `save` (cost.Calibration.save)."""
+        """Score the decode against the model that planned it (DraftTrust), then refine
+        the cost model from it (CostTracker); once, after SAVE_AFTER decodes, hand the
+        learnt curve to `save` (cost.Calibration.save)."""
+        self.realized.decode(len(shapes), self.cost.seconds(shapes), seconds,
+                             any(s.n_tokens > 1 for s in shapes))
         self.cost = self.tracker.observe(shapes, seconds)
         if self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER:
             save, self._save = self._save, None
             save(self.cost)
+
+    def trust(self, n_seqs: int) -> float:
+        """DraftTrust.factor: how much of a drafted decode's predicted rate was realized
+        lately at this batch size (<= 1)."""
+        return self.realized.factor(n_seqs)
