@@ -358,14 +358,18 @@ class CostTracker:
         self._y: list[float] = []
         self._since = 0
         self.n_observed = 0  # decodes observed
+        self.predicted = 0.0  # the last observed decode's seconds by the model before it
         shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
                                     prior.pad)
         self._prior_x = np.array([prior.features(sh) for sh in shapes])
         self._prior_y = self._prior_x @ prior.coef
 
     def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
-        """Record one decode; the (possibly refitted) current model."""
-        self._x.append(self.prior.features(shapes))
+        """Record one decode; the (possibly refitted) current model. `predicted` keeps
+        what the model that planned the decode said it would take."""
+        x = self.prior.features(shapes)  # the layout is the prior's and the current's
+        self.predicted = float(x @ self.current.coef)
+        self._x.append(x)
         self._y.append(float(seconds))
         if len(self._x) > self.WINDOW:
             del self._x[0], self._y[0]

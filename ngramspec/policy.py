@@ -174,12 +174,12 @@ class CostPolicy:
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
-        """Score the decode against the model that planned it (DraftTrust), then refine
-        the cost model from it (CostTracker); once, after SAVE_AFTER decodes, hand the
-        learnt curve to `save` (cost.Calibration.save)."""
-        self.realized.decode(len(shapes), self.cost.seconds(shapes), seconds,
-                             any(s.n_tokens > 1 for s in shapes))
+        """Refine the cost model from a generation decode (CostTracker) and score the
+        decode against the model that planned it (DraftTrust); once, after SAVE_AFTER
+        decodes, hand the learnt curve to `save` (cost.Calibration.save)."""
         self.cost = self.tracker.observe(shapes, seconds)
+        self.realized.decode(len(shapes), self.tracker.predicted, seconds,
+                             any(s.n_tokens > 1 for s in shapes))
         if self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER:
             save, self._save = self._save, None
             save(self.cost)
