@@ -363,7 +363,8 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
     t = Table(title=f"pipeline: {n_docs} documents, {n_predict} tokens each, greedy; aggregate "
                     "tok/s = generated tokens / wall time (prompt processing included)")
     for col in ("slots", "server", "mode", "agg tok/s", "wall s", "tokens/step", "drafted",
-                "accepted", "identical to off", "vs llama-server best", "vs llama-server off"):
+                "accepted", "identical to off", "vs llama-server best", "vs llama-server off",
+                "peak RSS MiB"):
         t.add_column(col, justify="left" if col in ("server", "mode") else "right")
     for n in counts:
         best, peer_off = rep.best_peer(n), rep.get("llama-server", "off", n)
@@ -373,7 +374,8 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
             t.add_row(str(n), r.server, r.mode, f"{r.tok_per_s:.1f}", f"{r.wall_s:.1f}",
                       f"{r.tokens_per_step:.2f}", str(r.drafted), str(r.accepted), same,
                       f"{r.tok_per_s / best.tok_per_s:.2f}x" if best else "-",
-                      f"{r.tok_per_s / peer_off.tok_per_s:.2f}x" if peer_off else "-")
+                      f"{r.tok_per_s / peer_off.tok_per_s:.2f}x" if peer_off else "-",
+                      f"{r.peak_rss_mib:.0f}" if r.peak_rss_mib else "-")
     out_console.print(t)
     one = rep.get("ngramspec", "auto", 1)
     for n in counts:
@@ -392,6 +394,10 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
         best = rep.best_peer(n)
         if best:
             line += f"; vs llama-server's best ({best.mode}) {auto.tok_per_s / best.tok_per_s:.2f}x"
+        peer_off = rep.get("llama-server", "off", n)
+        if peer_off and off.peak_rss_mib and peer_off.peak_rss_mib:
+            line += (f"; peak RSS spec-off {off.peak_rss_mib:.0f} vs llama-server "
+                     f"{peer_off.peak_rss_mib:.0f} MiB ({off.peak_rss_mib / peer_off.peak_rss_mib:.2f}x)")
         out_console.print(line)
     ours, peer = rep.checks.get("ngramspec"), rep.checks.get("llama-server")
     if ours:

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import gguf_types, ubatch
+from . import gguf_types, ref_attention, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -228,6 +228,13 @@ class Model:
         return raw.decode("utf-8") if raw else None
 
     @cached_property
+    def arch(self) -> str:
+        """The GGUF's general.architecture ("gemma3", "llama", ...; "" if unreadable)."""
+        buf = ctypes.create_string_buffer(128)
+        n = _llama().llama_model_meta_val_str(self.ptr, b"general.architecture", buf, len(buf))
+        return buf.value.decode(errors="replace") if n > 0 else ""
+
+    @cached_property
     def add_bos(self) -> bool:
         """Whether tokenizing with add_special puts a BOS token first."""
         return bool(_llama().llama_vocab_get_add_bos(self.vocab))
@@ -290,6 +297,9 @@ class ContextParams:
     kv_unified: bool | None = None  # honoured only when not batch-invariant
     type_k: str = "f16"  # KV cache types (-ctk/-ctv), llama.cpp's names: KV_TYPES
     type_v: str = "f16"
+    # flash attention's reference path in generation decodes (ref_attention.py), so a
+    # lone token needs no padding row; batch-invariant contexts only
+    reference_attention: bool = True
 
 
 class Context:
@@ -328,10 +338,15 @@ class Context:
         self.per_seq_streams = not cp.kv_unified
         self.invariant = params.batch_invariant
         self.logit_quantum = logit_quantum()
+        # the CPU backend's reference attention: no split-KV path for a lone token
+        wanted = ref_attention.wanted(params.type_k, params.type_v, model.arch)
+        self.ref_backend = (ref_attention.enable(lc, self.ptr)
+                            if self.invariant and params.reference_attention and wanted else None)
         # rule U1 pads a lone token only where its kernels differ (ubatch.py); measured on x86-64
         self.lone_ok = (self.invariant and platform.machine().lower() in ("x86_64", "amd64")
                         and ubatch.lone_token_invariant(params.type_k, params.type_v,
-                                                        lambda: model.weight_types))
+                                                        lambda: model.weight_types,
+                                                        self.ref_backend is not None))
         # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
         self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
         self.memory = lc.llama_get_memory(self.ptr)
@@ -401,8 +416,14 @@ class Context:
                              f"tokens, got {n}")
         if self.twin is not None:
             return self.twin.ctx, self.twin.chunk(self, seq_id, tokens, pos0, last)
-        return self, self.run_rows([(seq_id, tokens, pos0, False)],
-                               {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
+        if self.ref_backend is not None:  # rule T needs the tiled path the reference path skips
+            ref_attention.switch(self.ref_backend, False)
+        try:
+            return self, self.run_rows([(seq_id, tokens, pos0, False)],
+                                       {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
+        finally:
+            if self.ref_backend is not None:
+                ref_attention.switch(self.ref_backend, True)
 
     def begin_prompt(self, seq_id: int, n_cached: int) -> None:
         """A new prompt for `seq_id` whose first n_cached tokens this context holds."""

@@ -96,7 +96,8 @@ class PrefillTwin:
         (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3 more. Only
         padding rows use them (removed after the decode); how many cells a context
         has does not change any value (docs/exactness.md)."""
-        self.ctx = Context(model, replace(params, n_ctx=params.n_ctx + GEMM_ROWS * params.n_seq_max))
+        self.ctx = Context(model, replace(params, n_ctx=params.n_ctx + GEMM_ROWS * params.n_seq_max,
+                                          reference_attention=False))  # prompts: the tiled path
         self.held: dict[int, int] = {}  # seq -> the twin holds its cells [0, held)
 
     @staticmethod

@@ -104,13 +104,20 @@ def split(lengths: Sequence[tuple[int, int]], n_ubatch: int, per_seq_streams: bo
 
 #: llama.cpp casts an F32 K or V cache to F16 before flash attention (llama-graph.cpp)
 _FA_TYPE = {"f32": "f16"}
+
+
+def f16_attention(type_k: str, type_v: str) -> bool:
+    """Whether flash attention sees an F16 K and an F16 V (after the F32 cast): the
+    pair whose single query row takes the split-KV path."""
+    return _FA_TYPE.get(type_k, type_k) == "f16" == _FA_TYPE.get(type_v, type_v)
 #: weight types llamafile's sgemm takes through float FMA tiles on x86 (a 1-column
 #: matmul goes through vec_dot instead, in another summation order)
 FLOAT_WEIGHTS = frozenset({"f32", "f16", "bf16"})
 
 
 def lone_token_invariant(type_k: str, type_v: str,
-                         weight_types: Callable[[], frozenset[str] | None]) -> bool:
+                         weight_types: Callable[[], frozenset[str] | None],
+                         reference_attention: bool = False) -> bool:
     """Whether a token alone in a ubatch is computed exactly as among other rows, so
     rule U1 needs no padding row. ggml's flash attention splits one query's KV range
     over the threads (another summation order) only for a single query row of a single
@@ -119,9 +126,11 @@ def lone_token_invariant(type_k: str, type_v: str,
     (vec_dot for one column, tinyBLAS' Q0 kernels or vec_dot for several) give each
     column the same values, measured on Gemma 3 (Q4_K/Q6_K/Q8_0/Q5_0) and SmolLM2
     (Q4_1), but a float weight goes through sgemm's FMA tiles for 2+ columns only.
+    `reference_attention`: the context's CPU backend computes flash attention on its
+    reference path (ref_attention.py), which never splits, whatever the K/V pair.
     `weight_types()`: the model's matrix types (None: unknown, so not invariant), asked
-    only when the K/V pair rules the split out."""
-    if _FA_TYPE.get(type_k, type_k) == "f16" == _FA_TYPE.get(type_v, type_v):
+    only when the split is ruled out."""
+    if f16_attention(type_k, type_v) and not reference_attention:
         return False
     types = weight_types()
     return types is not None and not types & FLOAT_WEIGHTS

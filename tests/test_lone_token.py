@@ -1,17 +1,20 @@
 """Rule U1 pads a lone token only where its kernels differ (docs/exactness.md).
 
 ggml's flash attention splits a single query's KV range over the threads only for an
-F16 K and V cache; with any other K/V pair (a quantized -ctk/-ctv) a token alone in a
-ubatch is computed as among other rows, on a model whose matrices are quantized. Then
-a one-token step needs no padding row (18-38% of its time on a 2-core CPU)."""
+F16 K and V cache, and never on the CPU backend's reference path (ref_attention.py, on
+by default); with either, a token alone in a ubatch is computed as among other rows, on
+a model whose matrices are quantized. Then a one-token step needs no padding row
+(18-38% of its time on a 2-core CPU)."""
 from __future__ import annotations
 
+import platform
 import struct
+import sys
 
 import numpy as np
 import pytest
 
-from ngramspec import NgramModParams, SpecConfig
+from ngramspec import NgramModParams, SpecConfig, ref_attention
 from ngramspec.corpus import documents
 from ngramspec.engine import Engine
 from ngramspec.generate import generate
@@ -31,9 +34,22 @@ def test_the_fa_split_and_float_weights_decide():
         assert lone_token_invariant(k, v, lambda: QUANT), (k, v)
     assert not lone_token_invariant("q8_0", "q8_0", lambda: QUANT | {"f16"})  # sgemm's FMA tiles
     assert not lone_token_invariant("q8_0", "q8_0", lambda: None)  # unknown weights
+    assert lone_token_invariant("f16", "f16", lambda: QUANT, reference_attention=True)
+    assert not lone_token_invariant("f16", "f16", lambda: QUANT | {"bf16"}, reference_attention=True)
     asked = []
     lone_token_invariant("f16", "f16", lambda: asked.append(1))
     assert not asked  # the header is read only when the K/V pair rules the split out
+
+
+def test_the_reference_path_only_where_it_is_needed_and_exact():
+    """F16/F16 (F32 is cast) takes flash attention's split-KV path, so it needs the switch;
+    a quantized cache does not, and would get its Hadamard rotation moved to a
+    column-count-dependent matmul by it; some architectures rotate whatever the type."""
+    assert ref_attention.wanted("f16", "f16", "gemma3") and ref_attention.wanted("f32", "f16", "llama")
+    assert not ref_attention.wanted("q8_0", "q8_0", "gemma3")
+    assert not ref_attention.wanted("f16", "q8_0", "gemma3")
+    assert not ref_attention.wanted("f16", "f16", "deepseek32")
+    assert not ref_attention.wanted("f16", "f16", "")  # unknown architecture
 
 
 def test_layout_without_lone_padding():
@@ -70,11 +86,16 @@ def test_matrix_types_from_a_header(tmp_path, model):
     assert matrix_types(model.path) == {"type6", "type8", "type12", "type14"}  # Q5_0 Q8_0 Q4_K Q6_K
 
 
-def _rows_alone_and_together(m, kv: str, threads: int, n: int = 6):
+def _rows_alone_and_together(m, kv: str, threads: int, n: int = 6, ref: bool = True,
+                             lone: bool | None = None):
     """Logit rows of n tokens after a 600-token prefix (over 512 KV cells: flash
-    attention's split-KV length), decoded one at a time and in one decode."""
+    attention's split-KV length), decoded one at a time and in one decode; `ref`: the
+    reference attention path; `lone`: force the context's lone_ok (None: its own)."""
     toks = m.tokenize(documents(n_edit=1, n_summary=0, n_open=0)[0].prompt * 2)[:600 + n]
-    ctx = Context(m, ContextParams(n_ctx=2048, n_threads=threads, type_k=kv, type_v=kv))
+    ctx = Context(m, ContextParams(n_ctx=2048, n_threads=threads, type_k=kv, type_v=kv,
+                                   reference_attention=ref))
+    if lone is not None:
+        ctx.lone_ok = lone
     try:
         out = []
         for together in (False, True):
@@ -96,32 +117,53 @@ def _rows_alone_and_together(m, kv: str, threads: int, n: int = 6):
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("kv,ref", [("q8_0", False), ("f16", True)])
 @pytest.mark.parametrize("which", ["gemma", "smollm2"])
-def test_a_lone_token_equals_its_row_among_others(request, which, threads):
+def test_a_lone_token_equals_its_row_among_others(request, which, kv, ref, threads):
     m = request.getfixturevalue("model" if which == "gemma" else "smollm2")
-    lone_ok, (alone, together) = _rows_alone_and_together(m, "q8_0", threads)
+    lone_ok, (alone, together) = _rows_alone_and_together(m, kv, threads, ref=ref)
     assert lone_ok
     for a, b in zip(alone, together):
         assert np.array_equal(a, b)
 
 
 @pytest.mark.model
-def test_f16_kv_still_pads(model, threads):
-    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=threads))
+def test_the_reference_path_is_what_makes_an_f16_lone_token_exact(model, threads):
+    """The switch reaches the context's backend: an unpadded lone token over an F16 cache
+    differs from its row among others without it (split-KV), and not with it."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
+        pytest.skip("the reference path is looked up on x86-64 Linux only")
+    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=max(threads, 2)))
     try:
-        assert not ctx.lone_ok and ctx.layout_for([(0, 1, 1)]).pads == {0: 1}
+        assert ctx.ref_backend is not None and ctx.lone_ok
+        assert ctx.layout_for([(0, 1, 1)]).pads == {}
+    finally:
+        ctx.close()
+    _, (alone, together) = _rows_alone_and_together(model, "f16", max(threads, 2), ref=False,
+                                                    lone=True)
+    assert any(not np.array_equal(a, b) for a, b in zip(alone, together))
+
+
+@pytest.mark.model
+def test_f16_kv_without_the_reference_path_still_pads(model, threads):
+    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=threads, reference_attention=False))
+    try:
+        assert ctx.ref_backend is None and not ctx.lone_ok
+        assert ctx.layout_for([(0, 1, 1)]).pads == {0: 1}
     finally:
         ctx.close()
 
 
 @pytest.mark.model
+@pytest.mark.parametrize("kv", ["q8_0", "f16"])
 @pytest.mark.parametrize("which", ["gemma", "smollm2"])
-def test_unpadded_spec_on_equals_spec_off_on_a_long_prompt(request, which, threads):
-    """Greedy, q8_0 K/V, a held-out 700-token refactor prompt: one-token steps without
-    a padding row, verify steps of many rows, the same tokens."""
+def test_unpadded_spec_on_equals_spec_off_on_a_long_prompt(request, which, kv, threads):
+    """Greedy, a held-out 700-token refactor prompt: one-token steps without a padding
+    row (q8_0 K/V, or F16 on the reference path), verify steps of many rows, the same
+    tokens."""
     m = request.getfixturevalue("model" if which == "gemma" else "smollm2")
     prompt = documents(n_edit=1, n_summary=0, n_open=0)[0].prompt
-    ctx = Context(m, ContextParams(n_ctx=2048, n_threads=threads, type_k="q8_0", type_v="q8_0"))
+    ctx = Context(m, ContextParams(n_ctx=2048, n_threads=threads, type_k=kv, type_v=kv))
     try:
         assert ctx.lone_ok
         on_cfg = SpecConfig(types=("ngram-simple", "ngram-mod"),
@@ -137,9 +179,10 @@ def test_unpadded_spec_on_equals_spec_off_on_a_long_prompt(request, which, threa
 
 @pytest.mark.model
 @pytest.mark.slow
+@pytest.mark.parametrize("kv", ["q8_0", "f16"])
 @pytest.mark.parametrize("which,n_seq", [("gemma", 8), ("smollm2", 8), ("gemma", 16)])
-def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, twin_model, threads):
-    """q8_0 K/V, held-out documents in n_seq slots decoding together with speculation (lone
+def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, kv, twin_model, threads):
+    """q8_0 K/V or F16 on the reference path, held-out documents in n_seq slots decoding together with speculation (lone
     tokens of one stream in a ubatch, unpadded) give each document's text alone, spec-off."""
     from together import run_together
 
@@ -149,7 +192,7 @@ def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, twin_mo
     twin = twin_model if which == "gemma" else load_twin(m.path)
     prompts = ([d.prompt for d in documents()] * 2)[:n_seq]
     greedy = SamplingParams(temperature=0.0)
-    kv = {"n_threads": threads, "type_k": "q8_0", "type_v": "q8_0"}
+    kv = {"n_threads": threads, "type_k": kv, "type_v": kv}
     one = open_context(m, ContextParams(n_ctx=4096, **kv), twin)
     solo = []
     for p in prompts:

@@ -12,6 +12,19 @@ import urllib.request
 from dataclasses import dataclass, field
 
 
+def status_kib(pid: int, key: str = "VmRSS") -> int:
+    """A memory line of /proc/PID/status in KiB (VmRSS: resident now; VmHWM: the peak
+    resident so far); 0 where it cannot be read (not Linux, process gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,11 +48,7 @@ class ServerProcess:
 
     def rss_kib(self) -> int:
         """Resident memory of the server process (VmRSS, KiB)."""
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1])
-        return 0
+        return status_kib(self.proc.pid)
 
     def log(self) -> str:
         try:
