@@ -338,15 +338,15 @@ class Context:
         self.per_seq_streams = not cp.kv_unified
         self.invariant = params.batch_invariant
         self.logit_quantum = logit_quantum()
-        # the CPU backend's reference attention: no split-KV path for a lone token
-        wanted = ref_attention.wanted(params.type_k, params.type_v, model.arch)
-        self.ref_backend = (ref_attention.enable(lc, self.ptr)
-                            if self.invariant and params.reference_attention and wanted else None)
-        # rule U1 pads a lone token only where its kernels differ (ubatch.py); measured on x86-64
-        self.lone_ok = (self.invariant and platform.machine().lower() in ("x86_64", "amd64")
-                        and ubatch.lone_token_invariant(params.type_k, params.type_v,
-                                                        lambda: model.weight_types,
-                                                        self.ref_backend is not None))
+        # rule U1 pads a lone token only where its kernels differ (ubatch.py); measured on
+        # x86-64, where the CPU backend's reference attention (no split-KV path) is set
+        x86 = self.invariant and platform.machine().lower() in ("x86_64", "amd64")
+        wanted = x86 and params.reference_attention and ref_attention.wanted(
+            params.type_k, params.type_v, model.arch)
+        self.ref_backend = ref_attention.enable(lc, self.ptr) if wanted else None
+        self.lone_ok = x86 and ubatch.lone_token_invariant(params.type_k, params.type_v,
+                                                           lambda: model.weight_types,
+                                                           self.ref_backend is not None)
         # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
         self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
         self.memory = lc.llama_get_memory(self.ptr)

@@ -110,6 +110,8 @@ def f16_attention(type_k: str, type_v: str) -> bool:
     """Whether flash attention sees an F16 K and an F16 V (after the F32 cast): the
     pair whose single query row takes the split-KV path."""
     return _FA_TYPE.get(type_k, type_k) == "f16" == _FA_TYPE.get(type_v, type_v)
+
+
 #: weight types llamafile's sgemm takes through float FMA tiles on x86 (a 1-column
 #: matmul goes through vec_dot instead, in another summation order)
 FLOAT_WEIGHTS = frozenset({"f32", "f16", "bf16"})
