@@ -119,7 +119,8 @@ def _find_backend(ctx_ptr: int, marker: int) -> int | None:
         for back in range(_PTR, min(off, _SEARCH_BACK) + 1, _PTR):
             cand = word(ctx_ptr + off - back)
             g = word(cand) if cand else None
-            if g and word(g) is not None and ctypes.string_at(g, 16) == guid:
+            if g and word(g) is not None and word(g + _PTR) is not None \
+                    and ctypes.string_at(g, 16) == guid:
                 return cand
         return None
     return None
