@@ -21,6 +21,7 @@ from ngramspec.generate import generate
 from ngramspec.gguf_types import matrix_types
 from ngramspec.model import Context, ContextParams
 from ngramspec.sampling import SamplingParams
+from ngramspec.twin import open_context
 from ngramspec.ubatch import invariant_violation, layout, lone_token_invariant, split
 
 QUANT = frozenset({"type8", "type12"})
@@ -128,14 +129,17 @@ def test_a_lone_token_equals_its_row_among_others(request, which, kv, ref, threa
 
 
 @pytest.mark.model
-def test_the_reference_path_is_what_makes_an_f16_lone_token_exact(model, threads):
+def test_the_reference_path_is_what_makes_an_f16_lone_token_exact(model, twin_model, threads):
     """The switch reaches the context's backend: an unpadded lone token over an F16 cache
-    differs from its row among others without it (split-KV), and not with it."""
+    differs from its row among others without it (split-KV), and not with it. A main
+    context of several slots gets it, its prefill twin does not (rule T's tiled path)."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
         pytest.skip("the reference path is looked up on x86-64 Linux only")
-    ctx = Context(model, ContextParams(n_ctx=1024, n_threads=max(threads, 2)))
+    ctx = open_context(model, ContextParams(n_ctx=2048, n_seq_max=2, n_threads=max(threads, 2)),
+                       twin_model)
     try:
         assert ctx.ref_backend is not None and ctx.lone_ok
+        assert ctx.twin is None or ctx.twin.ctx.ref_backend is None
         assert ctx.layout_for([(0, 1, 1)]).pads == {}
     finally:
         ctx.close()
@@ -186,7 +190,7 @@ def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, kv, twi
     tokens of one stream in a ubatch, unpadded) give each document's text alone, spec-off."""
     from together import run_together
 
-    from ngramspec.twin import load_twin, open_context
+    from ngramspec.twin import load_twin
 
     m = request.getfixturevalue("model" if which == "gemma" else "smollm2")
     twin = twin_model if which == "gemma" else load_twin(m.path)
