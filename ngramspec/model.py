@@ -416,14 +416,9 @@ class Context:
                              f"tokens, got {n}")
         if self.twin is not None:
             return self.twin.ctx, self.twin.chunk(self, seq_id, tokens, pos0, last)
-        if self.ref_backend is not None:  # rule T needs the tiled path the reference path skips
-            ref_attention.switch(self.ref_backend, False)
-        try:
+        with ref_attention.suspended(self.ref_backend):  # rule T needs the tiled path
             return self, self.run_rows([(seq_id, tokens, pos0, False)],
                                        {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
-        finally:
-            if self.ref_backend is not None:
-                ref_attention.switch(self.ref_backend, True)
 
     def begin_prompt(self, seq_id: int, n_cached: int) -> None:
         """A new prompt for `seq_id` whose first n_cached tokens this context holds."""

@@ -11,8 +11,8 @@ with a dummy row, ~22% of a one-token step on a 2-core CPU.
 The CPU backend has a switch for that: `ggml_backend_cpu_set_use_ref(backend, true)`
 makes flash attention compute every query row with its one-row kernel over the whole
 KV range (no split-KV path, no tiled path for 64+ rows); it also turns off op fusion
-(which changes no value here, measured). The weight matmuls are untouched. A row then gets the same values whatever else its ubatch
-holds, alone included. llama.cpp does not hand out a context's CPU backend, so
+(which changes no value here, measured). The weight matmuls are untouched. A row then
+gets the same values whatever else its ubatch holds, alone included. llama.cpp does not hand out a context's CPU backend, so
 `enable` finds it: `llama_set_abort_callback` writes a marker into the context
 object's `abort_callback_data` field, which follows its `backend_cpu` field; the
 words before the marker are searched for a pointer to a backend whose guid is the
@@ -29,13 +29,14 @@ cache is F16/F16 (F32 is cast to F16) and the architecture does not rotate anywa
 (`wanted`); a quantized cache needs no switch, its flash attention never splits.
 
 Invariant: `enable` returns a backend only after it has set the flag on the backend of
-*that* context; the flag stays until the context is freed, except that `switch` turns
-it off for a prefill chunk of rule T (which needs the tiled path) and back on.
+*that* context; the flag stays until the context is freed, except inside `suspended`
+(a prefill chunk of rule T, which needs the tiled path).
 """
 from __future__ import annotations
 
 import ctypes
 import sys
+from contextlib import contextmanager
 from functools import cache
 
 from .ubatch import f16_attention
@@ -61,8 +62,8 @@ def _libggml_cpu() -> ctypes.CDLL | None:
     """The libggml-cpu that llama.cpp loaded (the same copy: its mapped path), or None."""
     if not sys.platform.startswith("linux"):
         return None
-    paths = {line.split()[-1] for line in open("/proc/self/maps")
-             if "/libggml-cpu.so" in line}
+    with open("/proc/self/maps") as f:
+        paths = {line.split()[-1] for line in f if "/libggml-cpu.so" in line}
     if len(paths) != 1:
         return None
     try:
@@ -128,7 +129,7 @@ def _find_backend(ctx_ptr: int, marker: int) -> int | None:
 
 def enable(lc, ctx_ptr) -> int | None:
     """Set the reference path on the CPU backend of llama context `ctx_ptr` (`lc`: the
-    llama_cpp module); returns the backend (for `switch`), or None if it was not found
+    llama_cpp module); returns the backend (for `suspended`), or None if it was not found
     (the context is unchanged)."""
     lib = _libggml_cpu()
     if lib is None or _cpu_guid() is None:
@@ -147,6 +148,16 @@ def enable(lc, ctx_ptr) -> int | None:
     return backend
 
 
-def switch(backend: int, on: bool) -> None:
-    """Turn the reference path of a backend found by `enable` on or off."""
-    _libggml_cpu().ggml_backend_cpu_set_use_ref(backend, on)
+@contextmanager
+def suspended(backend: int | None):
+    """The reference path of a backend found by `enable` off for the block, then on
+    again; nothing for None (a context without it)."""
+    if backend is None:
+        yield
+        return
+    lib = _libggml_cpu()
+    lib.ggml_backend_cpu_set_use_ref(backend, False)
+    try:
+        yield
+    finally:
+        lib.ggml_backend_cpu_set_use_ref(backend, True)
