@@ -398,6 +398,9 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
         if peer_off and off.peak_rss_mib and peer_off.peak_rss_mib:
             line += (f"; peak RSS spec-off {off.peak_rss_mib:.0f} vs llama-server "
                      f"{peer_off.peak_rss_mib:.0f} MiB ({off.peak_rss_mib / peer_off.peak_rss_mib:.2f}x)")
+        if peer_off and off.peak_pss_mib and peer_off.peak_pss_mib:
+            line += (f"; peak PSS (shared file pages once) {off.peak_pss_mib:.0f} vs "
+                     f"{peer_off.peak_pss_mib:.0f} MiB ({off.peak_pss_mib / peer_off.peak_pss_mib:.2f}x)")
         out_console.print(line)
     ours, peer = rep.checks.get("ngramspec"), rep.checks.get("llama-server")
     if ours:

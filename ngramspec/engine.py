@@ -199,6 +199,9 @@ class Engine:
         n_ctx = self.ctx.n_ctx_seq
         if len(prompt) >= n_ctx:
             raise ContextOverflow(len(prompt), n_ctx)
+        if context_shift is not None and self.ctx.swa_span is not None:
+            raise ConfigError("context shift needs a full-size sliding-window cache (llama.cpp "
+                              "cannot shift a window-size one): load with --swa-full")
         if context_shift is not None:
             n_predict = 1 << 62 if n_predict is None or n_predict < 0 else n_predict
         else:
@@ -280,10 +283,13 @@ class Engine:
         """Release a sequence: drafter state and sampler; its KV stays as the slot's
         prompt cache (the part that a later prefill would evaluate alike): a long
         prompt's tiled cells, or, after a short prompt, every cell (its prompt and its
-        generation steps both took the small-row path)."""
+        generation steps both took the small-row path) while the KV still holds them
+        from position 0 (a window-size SWA cache drops cells out of the window)."""
         tiled = self._tiled(st.n_prompt)
         if tiled:
             reusable = st.n_prompt if not st.prefilling else 0
+        elif self.ctx.positions(st.seq_id)[0] > 0:
+            reusable = 0  # a window-size SWA cache no longer holds the first cells
         else:
             reusable = st.n_hist
         reusable = min(reusable, st.n_unshifted)

@@ -37,7 +37,7 @@ import click
 from . import strict_json
 from .config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model, valid_types_text
 from .errors import ConfigError
-from .model import KV_TYPES, kv_type_name
+from .model import KV_TYPES, LOAD_MODES, kv_type_name
 
 ALL = frozenset({"generate", "serve", "bench", "batch"})
 GEN = frozenset({"generate", "serve", "batch"})  # commands that sample text for requests
@@ -144,10 +144,6 @@ def directory(value: Any) -> str:
     return str(value)
 
 
-#: llama.cpp's llama_load_mode values
-LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
-
-
 def load_mode(mode: str, mmap: bool | None, mlock: bool) -> int:
     """llama_model_params.load_mode from -lm, or from the older --[no-]mmap/--mlock."""
     if mode != "auto" or (mmap is None and not mlock):
@@ -205,6 +201,9 @@ _FLAGS: list[Flag] = [
     Flag(("--repack",), "repack", _M, bool, True, neg=("-nr", "--no-repack"), commands=ALL,
          help="repacked weights for prompt processing (exact mode: prompts of 64+ tokens "
               "only; off on CPUs that advertise AMX)"),
+    Flag(("--swa-full",), "swa_full", _M, bool, False, switch=True, commands=ALL,
+         help="full-size cache for sliding-window layers (default: llama.cpp's window size "
+              "where a prefill twin evaluates the prompts; on with --context-shift)"),
     Flag(("-ctk", "--cache-type-k"), "cache_type_k", _M, str, "f16", commands=ALL,
          parse=kv_type_name, metavar="|".join(KV_TYPES),
          help="KV cache type for K (exact with speculation: docs/exactness.md; any K/V "
@@ -424,7 +423,7 @@ def _accepted(target: str, note: str | None, *specs: str) -> list[Flag]:
 
 _FLAGS += _accepted(
     "noop", None,
-    "--offline", "-cb --cont-batching", "--swa-full", "--warmup | --no-warmup", "--perf | --no-perf",
+    "--offline", "-cb --cont-batching", "--warmup | --no-warmup", "--perf | --no-perf",
     "-bs --backend-sampling", "--spec-draft-backend-sampling | --no-spec-draft-backend-sampling",
     "--threads-http=", "--log-colors=", "--log-prefix | --no-log-prefix",
     "--log-timestamps | --no-log-timestamps", "-lv --verbosity --log-verbosity=",
@@ -734,12 +733,13 @@ def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
 
 #: the flags of runtime.LoadOptions (llama.cpp's load and context settings)
 _LOAD = ("batch_size", "ubatch_size", "flash_attn", "kv_unified", "threads_batch",
-         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack", "cache_type_k", "cache_type_v")
+         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack", "swa_full", "cache_type_k",
+         "cache_type_v")
 
 
 def load_options(kw: dict[str, Any]):
     """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack,
-    -ctk/-ctv into runtime.LoadOptions."""
+    --swa-full, -ctk/-ctv into runtime.LoadOptions."""
     from .runtime import LoadOptions
 
     v = {d: kw.pop(d) for d in _LOAD}
@@ -747,7 +747,7 @@ def load_options(kw: dict[str, Any]):
                        flash_attn=_on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
                        load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
-                       repack=v["repack"],
+                       repack=v["repack"], swa_full=bool(v["swa_full"]),
                        cache_type_k=kv_type_name(v["cache_type_k"] or "f16"),
                        cache_type_v=kv_type_name(v["cache_type_v"] or "f16"))
 

@@ -71,6 +71,18 @@ MAX_INVARIANT_BATCH = 63
 TILED_PREFILL_MIN = 64
 
 
+def swa_span(lc, model_ptr, n_ctx_seq: int, n_ubatch: int, swa_full: bool) -> int | None:
+    """Positions one sequence's window-size SWA stream holds (llama.cpp sizes it n_swa +
+    n_ubatch, padded up, at most the sequence's cells); None where there is no such
+    cache (full-size cache, no sliding window, or recurrent/hybrid memory)."""
+    n_swa = lc.llama_model_n_swa(model_ptr)
+    if swa_full or n_swa <= 0 or lc.llama_model_is_recurrent(model_ptr) \
+            or lc.llama_model_is_hybrid(model_ptr):
+        return None
+    span = min(n_ctx_seq, n_swa + n_ubatch)
+    return span if span < n_ctx_seq else None
+
+
 def _llama():
     # ngramspec/__init__.py has set GGML_CPU_TILED_MM=0 (read once by ggml)
     import llama_cpp  # deferred: importing loads the shared library
@@ -256,6 +268,12 @@ class Model:
                                     for t in range(0, self.n_vocab, step)))
 
 
+#: llama.cpp's llama_load_mode values (-lm/--load-mode), by name
+LOAD_MODES = {"auto": -1, "none": 0, "mmap": 1, "mlock": 2, "mmap+mlock": 3, "dio": 4}
+#: the load modes that lock the model's pages in memory
+MLOCK_MODES = frozenset({LOAD_MODES["mlock"], LOAD_MODES["mmap+mlock"]})
+
+
 #: the KV cache types llama.cpp's -ctk/-ctv take (common/arg.cpp), by name
 KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
 
@@ -290,7 +308,10 @@ class ContextParams:
     n_seq_max: int = 1
     n_threads: int = 2
     flash_attn: bool | None = True  # None: llama.cpp decides (auto)
-    swa_full: bool = True  # SWA cache at full size: rollbacks never lose window cells
+    # SWA cache at full size (True) or llama.cpp's window size (False); None: the window
+    # where a prefill twin evaluates every long prompt, else full (docs/exactness.md,
+    # "The sliding-window cache")
+    swa_full: bool | None = None
     batch_invariant: bool = True
     n_ubatch: int | None = None  # None: n_batch
     n_threads_batch: int | None = None  # None: n_threads
@@ -319,7 +340,10 @@ class Context:
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads_batch or params.n_threads
         cp.flash_attn_type = -1 if params.flash_attn is None else int(params.flash_attn)
-        cp.swa_full = params.swa_full
+        swa_full = params.swa_full
+        if swa_full is None:  # the window where prompts of 64+ tokens are the twin's (rule W)
+            swa_full = not (params.batch_invariant and twin is not None)
+        cp.swa_full = swa_full
         cp.type_k, cp.type_v = kv_type(params.type_k), kv_type(params.type_v)
         # invariant: one KV stream per sequence, so a sequence's cells never
         # interleave with other slots' (summation order would depend on them)
@@ -350,6 +374,7 @@ class Context:
         # prompts take flash attention's tiled path (rule T) where a chunk can hold 64 rows
         self.tiled_prefill = self.invariant and min(self.n_batch, self.n_ubatch) >= TILED_PREFILL_MIN
         self.memory = lc.llama_get_memory(self.ptr)
+        self.swa_span = swa_span(lc, model.ptr, self.n_ctx_seq, self.n_ubatch, swa_full)
         self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
         self.twin = twin if self.tiled_prefill else None
@@ -409,13 +434,27 @@ class Context:
         every one of them (rule T, docs/exactness.md); with a twin, in the repacked
         twin context, padded to a multiple of 4 rows as well (rule R), the sequence's
         cells moving here after the `last` chunk. Returns the context that holds the
-        logits and the last token's row in it."""
+        logits and the last token's row in it (no row after a twin's chunk that is not
+        the last).
+
+        The twin computes no logits, so it never reads the output layer (its pages of
+        the model file stay out of memory, `twin.drop_file_pages`): after the last
+        chunk, this context evaluates the prompt's last token again, alone, in place
+        of the twin's cell (a generation decode, invariant like every other;
+        docs/exactness.md, "The twin computes no logits"). The twin keeps its own
+        cell of that token, so a later prompt that extends this one continues from
+        twin cells only."""
         n = len(tokens)
         if not 0 < n <= min(self.n_ubatch, self.n_batch):
             raise ValueError(f"a prefill chunk holds 1..{min(self.n_ubatch, self.n_batch)} "
                              f"tokens, got {n}")
         if self.twin is not None:
-            return self.twin.ctx, self.twin.chunk(self, seq_id, tokens, pos0, last)
+            self.twin.chunk(self, seq_id, tokens, pos0, last)
+            if not last:
+                return self, []
+            end = pos0 + n - 1
+            _llama().llama_memory_seq_rm(self.memory, seq_id, end, -1)  # not the twin's
+            return self, self.decode([(seq_id, [tokens[-1]], end, False)])[0]
         with ref_attention.suspended(self.ref_backend):  # rule T needs the tiled path
             return self, self.run_rows([(seq_id, tokens, pos0, False)],
                                        {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]
@@ -428,8 +467,10 @@ class Context:
     def run_rows(self, entries, pads: dict[int, int],
              pad_logits: dict[int, int] | None = None) -> list[list[int]]:
         """Fill the batch (each entry's tokens, then its pads, the first pad_logits of
-        them with logits nobody reads), decode, drop the pads. Raises ValueError, before
-        writing anything, when they exceed n_batch: the llama_batch holds no more rows."""
+        them with logits nobody reads), decode, drop the pads. An entry's fourth item
+        asks for logits: True of every token, False of the last, None of none (no row).
+        Raises ValueError, before writing anything, when they exceed n_batch: the
+        llama_batch holds no more rows."""
         pad_logits = pad_logits or {}
         total = sum(len(t) + pads.get(seq_id, 0) for seq_id, t, _, _ in entries)
         if total > self.n_batch:
@@ -447,13 +488,16 @@ class Context:
                 b.pos[i] = pos0 + k
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq_id
-                want = not pad and (all_logits or k == n - 1)
+                want = not pad and (all_logits or (all_logits is not None and k == n - 1))
                 b.logits[i] = want or (pad and k - n < pad_logits.get(seq_id, 0))
                 if want:
                     mine.append(i)
                 i += 1
             rows.append(mine)
         b.n_tokens = i
+        if self.swa_span is not None:
+            for seq_id, tokens, pos0, _ in entries:
+                self.keep_window_ordered(seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
@@ -461,6 +505,33 @@ class Context:
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))
         return rows
+
+    def keep_window_ordered(self, seq_id: int, end: int) -> None:
+        """Before a decode that writes positions up to end - 1 of `seq_id`: if its
+        window-size SWA stream could not hold them after its lowest cell, re-import the
+        sequence's window cells (PARTIAL_ONLY state: the SWA cache alone), which
+        llama.cpp writes from the stream's first cell in position order.
+
+        Invariant (window-size SWA cache, `swa_span` not None): a sequence's SWA cells
+        sit in its stream in ascending position order from cell 0 and never wrap
+        around the ring, whatever rollbacks and draft lengths came before; a row's
+        attention, which sums the unmasked cells in cell order (the one-row kernel),
+        therefore sees them in position order, as with a full-size cache (rule W,
+        docs/exactness.md)."""
+        lc = _llama()
+        lo = lc.llama_memory_seq_pos_min(self.memory, seq_id)
+        if lo < 0 or end - lo <= self.swa_span:
+            return
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+        n = lc.llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
+        buf = (ctypes.c_uint8 * max(1, n))()
+        n = lc.llama_state_seq_get_data_ext(self.ptr, buf, len(buf), seq_id, flags)
+        if not n or lc.llama_state_seq_set_data_ext(self.ptr, buf, n, seq_id, flags) == 0:
+            raise RuntimeError(f"llama.cpp could not re-import the window of sequence {seq_id}")
+        lo = lc.llama_memory_seq_pos_min(self.memory, seq_id)
+        if end - lo > self.swa_span:
+            raise RuntimeError(f"positions {lo}..{end - 1} of sequence {seq_id} do not fit "
+                               f"its {self.swa_span}-cell sliding-window cache")
 
     def layout_for(self, entries: Sequence[tuple[int, int, int]],
                    room: int | None = None) -> ubatch.Layout:

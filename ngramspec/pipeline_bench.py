@@ -42,6 +42,7 @@ class RunResult:
     accepted: int = 0
     steps: int = 0
     peak_rss_mib: float = 0.0  # the server process's peak resident memory after this run
+    peak_pss_mib: float = 0.0  # its sampled peak PSS so far: shared file pages counted once
 
     @property
     def tok_per_s(self) -> float:
@@ -109,8 +110,8 @@ def send_all(url: str, docs: Sequence[Document], clients: int, n_predict: int,
 
 
 def collect(server: str, mode: str, slots: int, docs: Sequence[Document], wall: float,
-            outs: list[dict], peak_rss_mib: float = 0.0) -> RunResult:
-    r = RunResult(server, mode, slots, wall, peak_rss_mib=peak_rss_mib)
+            outs: list[dict], peak_rss_mib: float = 0.0, peak_pss_mib: float = 0.0) -> RunResult:
+    r = RunResult(server, mode, slots, wall, peak_rss_mib=peak_rss_mib, peak_pss_mib=peak_pss_mib)
     for d, o in zip(docs, outs):
         t = o.get("timings", {})
         r.outputs[d.id] = list(o.get("tokens") or [])
@@ -145,7 +146,7 @@ def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_
     clients (default: one per slot). "oracle" needs "off" earlier in `modes` (its
     outputs are the predictions). `extra_checks(url)` runs on the same server after the
     modes. A run's peak RSS is the process's so far: the first mode's is its own."""
-    from .server.launch import start_server, status_kib
+    from .server.launch import PeakPss, start_server, status_kib
 
     args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0",
             *server_args]
@@ -161,9 +162,12 @@ def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_
                 off = next(r for r in results if r.mode == "off")
                 per_doc = {d: {"prediction": {"type": "content", "content": t}}
                            for d, t in off.outputs.items()}
-            wall, outs = send_all(sp.url, docs, clients or slots, n_predict, mode_body(mode), per_doc)
+            with PeakPss(sp.pid) as pss:
+                wall, outs = send_all(sp.url, docs, clients or slots, n_predict, mode_body(mode),
+                                      per_doc)
+            pss_so_far = max([pss.mib] + [r.peak_pss_mib for r in results])
             results.append(collect("ngramspec", mode, slots, docs, wall, outs,
-                                   status_kib(sp.pid, "VmHWM") / 1024))
+                                   status_kib(sp.pid, "VmHWM") / 1024, pss_so_far))
         checks = extra_checks(sp.url) if extra_checks else {}
         return results, checks
     finally:
@@ -175,16 +179,17 @@ def run_llama_server(binary: str, model_path: str, docs: Sequence[Document], slo
                      extra: Sequence[str] = (),
                      extra_checks: Callable[[str], dict] | None = None) -> tuple[RunResult, dict]:
     from .peer import LlamaServerPeer
-    from .server.launch import status_kib
+    from .server.launch import PeakPss, status_kib
 
     peer = LlamaServerPeer(binary, model_path, spec_type, n_ctx=slot_ctx * slots, threads=threads,
                            extra=list(extra), n_parallel=slots)
     with peer:
-        wall, outs = send_all(peer.url, docs, slots, n_predict)
+        with PeakPss(peer.proc.pid) as pss:
+            wall, outs = send_all(peer.url, docs, slots, n_predict)
         peak = status_kib(peer.proc.pid, "VmHWM") / 1024
         checks = extra_checks(peer.url) if extra_checks else {}
     return collect("llama-server", "off" if spec_type == "none" else spec_type, slots, docs,
-                   wall, outs, peak), checks
+                   wall, outs, peak, pss.mib), checks
 
 
 def long_text(n_chars: int, module: str = "difflib") -> str:

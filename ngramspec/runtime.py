@@ -10,12 +10,12 @@ from .config import SpecConfig
 from .cost import calibrate_context
 from .engine import Engine
 from .errors import ConfigError
-from .model import (TILED_PREFILL_MIN, ContextParams, Model, check_model_file,
+from .model import (MLOCK_MODES, TILED_PREFILL_MIN, ContextParams, Model, check_model_file,
                     default_model_path)
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
-from .twin import load_twin, open_context, repack_is_safe
+from .twin import drop_file_pages, load_twin, open_context, repack_is_safe
 
 
 def default_threads() -> int:
@@ -35,6 +35,7 @@ class LoadOptions:
     n_gpu_layers: int = 0
     load_mode: int = -1
     repack: bool = True  # exact mode: prompts on the repacked twin (ngramspec/twin.py)
+    swa_full: bool = False  # --swa-full (or --context-shift): full-size SWA cache
     cache_type_k: str = "f16"  # -ctk/-ctv: KV cache types (model.KV_TYPES)
     cache_type_v: str = "f16"
 
@@ -70,6 +71,7 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
     return ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq,
                          n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
                          kv_unified=kvu, batch_invariant=batch_invariant,
+                         swa_full=True if opts.swa_full or not batch_invariant else None,
                          type_k=opts.cache_type_k, type_v=opts.cache_type_v), notes
 
 
@@ -107,6 +109,8 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     if "error" in box:
         model.close()
         raise box["error"]
+    if box.get("twin") is not None and opts.load_mode not in MLOCK_MODES:
+        drop_file_pages(path)  # before any KV cache: the peak stays one copy's
     return model, box.get("twin")
 
 

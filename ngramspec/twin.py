@@ -12,11 +12,12 @@ and to a multiple of 4 rows (every column through gemm, rule R), and then moves 
 sequence's KV cells into the main context (llama_state_seq_get/set_data).
 
 Invariants:
-- The twin context has the main context's parameters (the same KV streams), with
-  GEMM_ROWS more cells per sequence for padding, so a sequence's state moves between
-  them unchanged.
-- The twin holds exactly the cells [0, held[seq]) of each sequence, computed by
-  twin chunks (or, after a slot restore, copied from the main context). The main
+- The twin context has the main context's parameters but one KV stream of one slot's
+  size (plus GEMM_ROWS cells for padding); it holds one slot's prompt cells at a time,
+  from cell 0, and keeps the others' as state bytes (`kv_state.restream` lays a
+  sequence's state out for the other context's streams, the cells' bytes unchanged).
+- The twin holds exactly the cells [0, held[seq]) of each slot, computed by twin
+  chunks (or, after a slot restore, copied from the main context). The main
   context's truncations, clears and context shifts reach the twin (`truncate`), so
   those cells are always the prompt cells the main context holds too.
 - llama.cpp exports only the cells inside the sliding window of an SWA cache, so
@@ -29,12 +30,14 @@ Invariants:
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
+from . import kv_state
+from .model import TILED_PREFILL_MIN, Context, ContextParams, Model, _llama
 
 #: repacked gemm kernels take the rows of a decode 4 at a time (ggml-cpu/repack.cpp)
 GEMM_ROWS = 4
@@ -66,6 +69,40 @@ def load_twin(path: str | Path, **load) -> Model | None:
     return Model(path, use_extra_bufts=True, **load)
 
 
+#: madvise(2) advice: drop the range's page-table entries (a shared file mapping's
+#: pages stay in the page cache and fault back in on the next read)
+_MADV_DONTNEED = 4
+
+
+def drop_file_pages(path: str | Path) -> int:
+    """Unmap the resident pages of every read-only mapping of the file at `path` from
+    this process (madvise MADV_DONTNEED; Linux only); returns the bytes advised.
+
+    llama.cpp maps a GGUF with MAP_POPULATE, so a model and its twin each map every
+    page of the file, and resident memory counts the file twice. The pages are the
+    page cache's, shared by both mappings: dropping the entries frees nothing the
+    models need, and each then faults back in what it reads (the main model all of
+    it, the twin its layers without the output layer and the embedding rows of the
+    prompts' tokens, since it computes no logits). Values are unaffected: the bytes
+    are the file's either way. No-op for a locked (mlock) or unreadable mapping."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    target = str(Path(path).resolve())
+    try:
+        with open("/proc/self/maps") as f:
+            spans = [line.split()[0] for line in f if line.rstrip("\n").endswith(" " + target)]
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return 0
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    done = 0
+    for span in spans:
+        lo, hi = (int(x, 16) for x in span.split("-"))
+        if libc.madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
+            done += hi - lo
+    return done
+
+
 def open_context(model: Model, params: ContextParams, prefill_model: Model | None = None) -> Context:
     """A context of `model`, with a prefill twin on `prefill_model` (the same GGUF,
     repacked) where the parameters allow one (`PrefillTwin.usable`)."""
@@ -88,17 +125,29 @@ def twin_pads(n: int) -> int:
 
 
 class PrefillTwin:
-    """The repacked model's context that evaluates prompt chunks for a main context."""
+    """The repacked model's context that evaluates prompt chunks for a main context.
+
+    It has one KV stream and holds one sequence's prompt cells at a time (in its
+    sequence 0, from cell 0, as a context of its own would); the other slots' prompt
+    cells wait as state bytes (`_saved`, the size of the prompt, not of the slot) and
+    are loaded back when their slot's next prompt or chunk comes. Per slot:
+    held[seq] prompt cells [0, held) are the twin's (loaded, or saved and still
+    valid: `_valid` >= held for every slot but the loaded one)."""
 
     def __init__(self, model: Model, params: ContextParams):
-        """The twin gets GEMM_ROWS more cells per sequence than the main context: the
-        engine leaves room for a chunk's padding to 64 rows before the slot's end
+        """The twin's one stream gets GEMM_ROWS more cells than a main context's slot:
+        the engine leaves room for a chunk's padding to 64 rows before the slot's end
         (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3 more. Only
         padding rows use them (removed after the decode); how many cells a context
         has does not change any value (docs/exactness.md)."""
-        self.ctx = Context(model, replace(params, n_ctx=params.n_ctx + GEMM_ROWS * params.n_seq_max,
-                                          reference_attention=False))  # prompts: the tiled path
-        self.held: dict[int, int] = {}  # seq -> the twin holds its cells [0, held)
+        per_slot = -(-params.n_ctx // params.n_seq_max)
+        self.ctx = Context(model, replace(params, n_ctx=per_slot + GEMM_ROWS, n_seq_max=1,
+                                          reference_attention=False,  # prompts: the tiled path
+                                          swa_full=True))  # every prompt cell, for prefix hits
+        self.held: dict[int, int] = {}  # slot -> the twin's cells [0, held) of it
+        self._loaded: int | None = None  # the slot whose cells are in the twin's sequence 0
+        self._saved: dict[int, tuple[ctypes.Array, list[int]]] = {}  # slot -> (state, sizes)
+        self._valid: dict[int, int] = {}  # slot -> _saved's cells [0, valid) are still its
 
     @staticmethod
     def usable(params: ContextParams) -> bool:
@@ -111,35 +160,67 @@ class PrefillTwin:
         """The main context dropped positions >= n of `seq_id` (None: of every sequence)."""
         for s in list(self.held) if seq_id is None else [seq_id]:
             if self.held.get(s, 0) > n:
-                self.ctx.truncate(s, n)
                 self.held[s] = n
+                if s == self._loaded:
+                    self.ctx.truncate(0, n)
+            if s in self._valid:
+                self._valid[s] = min(self._valid[s], n)
+            if n == 0:
+                self._saved.pop(s, None)
 
     def begin(self, main: Context, seq_id: int, n_cached: int) -> None:
         """A new prompt for `seq_id` whose first n_cached tokens `main` holds. If the
         twin does not hold them (a restored slot), they are copied from `main`."""
         if self.held.get(seq_id, 0) < n_cached:
-            move_seq(main, self.ctx, seq_id)
+            self._load(seq_id, 0)
+            data = main.seq_state(seq_id)
+            sizes = kv_state.section_sizes(_llama(), main.ptr, seq_id, len(data))
+            self.ctx.set_seq_state(0, kv_state.as_buffer(kv_state.restream(data, sizes, 1, 0)))
+        else:
+            self._load(seq_id, n_cached)
         self.held[seq_id] = n_cached
+        self.ctx.truncate(0, n_cached)
 
     def chunk(self, main: Context, seq_id: int, tokens: Sequence[int], pos0: int,
-              last: bool) -> list[int]:
+              last: bool) -> None:
         """Evaluate prompt tokens [pos0, pos0 + len) of `seq_id` (the twin holds
-        [0, pos0)). Returns the twin's row of the last token; with `last`, the prompt's
-        cells then move into `main` (replacing what it held of the sequence)."""
+        [0, pos0)), without logits: the twin never reads the output layer. With
+        `last`, the prompt's cells then move into `main` (replacing what it held of
+        the sequence)."""
         if self.held.get(seq_id, 0) != pos0:
             raise RuntimeError(f"the prefill twin holds {self.held.get(seq_id, 0)} cells of "
                                f"sequence {seq_id}, the next chunk starts at {pos0}")
-        rows = self.ctx.run_rows([(seq_id, tokens, pos0, False)], {seq_id: twin_pads(len(tokens))})[0]
+        self._load(seq_id, pos0)
+        self.ctx.run_rows([(0, tokens, pos0, None)], {0: twin_pads(len(tokens))})
         self.held[seq_id] = pos0 + len(tokens)
         if last:
-            move_seq(self.ctx, main, seq_id)
-        return rows
+            data, sizes = self._save(seq_id)
+            streams = main.params.n_seq_max if main.per_seq_streams else 1
+            main.set_seq_state(seq_id, kv_state.as_buffer(
+                kv_state.restream(data, sizes, streams, seq_id if main.per_seq_streams else 0)))
+
+    def _save(self, seq_id: int) -> tuple[ctypes.Array, list[int]]:
+        """Keep the loaded slot's cells as state bytes (valid for all of them)."""
+        data = self.ctx.seq_state(0)
+        sizes = kv_state.section_sizes(_llama(), self.ctx.ptr, 0, len(data))
+        self._saved[seq_id], self._valid[seq_id] = (data, sizes), self.held.get(seq_id, 0)
+        return data, sizes
+
+    def _load(self, seq_id: int, need: int) -> None:
+        """Make `seq_id`'s cells [0, need) the twin's sequence 0 (saving the slot
+        loaded before, if its cells are not all saved yet)."""
+        if self._loaded == seq_id:
+            return
+        last = self._loaded
+        if last is not None and self.held.get(last, 0) > self._valid.get(last, 0):
+            self._save(last)
+        self.ctx.truncate(0, 0)
+        self._loaded = seq_id
+        if need > 0:
+            if self._valid.get(seq_id, 0) < need:
+                raise RuntimeError(f"the prefill twin lost the cells of sequence {seq_id}")
+            self.ctx.set_seq_state(0, self._saved[seq_id][0])
+            self.ctx.truncate(0, need)
 
     def close(self) -> None:
         self.ctx.close()
-
-
-def move_seq(src: Context, dst: Context, seq_id: int) -> None:
-    """Copy `seq_id`'s KV cells from src into dst, replacing what dst held of it. Both
-    contexts belong to models of one GGUF and have as many KV streams."""
-    dst.set_seq_state(seq_id, src.seq_state(seq_id))

@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,50 @@ def status_kib(pid: int, key: str = "VmRSS") -> int:
     except OSError:
         pass
     return 0
+
+
+def pss_kib(pid: int) -> int:
+    """The process's proportional set size in KiB (/proc/PID/smaps_rollup): its resident
+    pages, each counted once however many of its mappings share it (a file mapped twice
+    counts once, where VmRSS counts it twice); 0 where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class PeakPss:
+    """A thread that samples `pss_kib(pid)` every `period` seconds while the `with` block
+    runs; `.mib` is the largest sample (a sampled peak: a spike shorter than the
+    period can be missed, unlike VmHWM's)."""
+
+    def __init__(self, pid: int, period: float = 0.25):
+        self.pid, self.period, self.kib = pid, period, 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="peak-pss", daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.kib = max(self.kib, pss_kib(self.pid))
+            if self._stop.wait(self.period):
+                return
+
+    def __enter__(self) -> "PeakPss":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.kib = max(self.kib, pss_kib(self.pid))
+
+    @property
+    def mib(self) -> float:
+        return self.kib / 1024
 
 
 def free_port() -> int:

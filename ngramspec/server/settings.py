@@ -105,4 +105,5 @@ def engine_settings(s: "ServerSettings"):
     `flags.engine_settings` (the same table as every command), its SpecConfig and
     -np slots."""
     values = {f.dest: getattr(s, f.settings_field) for f in flags.for_command("serve", ("model",))}
+    values["swa_full"] = values["swa_full"] or s.context_shift  # a window-size cache cannot shift
     return flags.engine_settings(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec)

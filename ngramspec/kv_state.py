@@ -1,0 +1,78 @@
+"""One sequence's KV state moved between contexts with different KV stream counts.
+
+`llama_state_seq_get_data` writes a header (a u32 magic and the source sequence id,
+which a host read checks and ignores: kept as is), then per cache section (an SWA
+model has two: the full attention layers, then the sliding-window ones; others one),
+the section's stream count, then for every stream a u32 cell count followed by that stream's cells when
+the count is not zero. A sequence lives in one stream, so a section is
+
+    n_stream, 0 x s, cell_count, cells..., 0 x (n_stream - 1 - s)
+
+and only the zeros around the cells depend on the stream layout. `restream` rewrites
+them, so the cells of a one-stream context (the prefill twin, which holds one prompt
+at a time) load into stream s of a context with one stream per slot, and back.
+The cells' bytes are not touched.
+
+Invariants: a section's length is known from llama.cpp itself (`section_sizes`: the
+whole state's size minus the size of its sliding-window part), never parsed from
+the cells; a malformed or unexpected layout raises ValueError (nothing is loaded).
+"""
+from __future__ import annotations
+
+import ctypes
+import struct
+
+_U32 = struct.Struct("<I")
+
+
+#: bytes before the first section: the state's magic and sequence id
+HEADER = 8
+
+
+def section_sizes(lc, ctx_ptr, seq_id: int, total: int) -> list[int]:
+    """Byte lengths of the sections of `seq_id`'s state (`total` bytes, header
+    excluded): the sliding-window cache alone (with the header) is what llama.cpp
+    writes with PARTIAL_ONLY; a model without one writes the same bytes either way
+    (one section)."""
+    flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
+    part = int(lc.llama_state_seq_get_size_ext(ctx_ptr, seq_id, flags))
+    if part >= total:
+        return [total - HEADER]
+    return [total - part, part - HEADER]
+
+
+def _one(section: memoryview, n_to: int, s_to: int) -> bytes:
+    """One section re-laid for stream s_to of n_to streams."""
+    if len(section) < 4:
+        raise ValueError("a KV state section shorter than its header")
+    n_from = _U32.unpack_from(section, 0)[0]
+    words = len(section) // 4
+    s_from = next((i for i in range(min(n_from, words - 1))
+                   if _U32.unpack_from(section, 4 + 4 * i)[0]), None)
+    if s_from is None:
+        if len(section) != 4 + 4 * n_from:
+            raise ValueError("an empty KV state section of the wrong length")
+        return _U32.pack(n_to) + bytes(4 * n_to)
+    head, tail = 4 + 4 * s_from, 4 * (n_from - 1 - s_from)
+    body = section[head:len(section) - tail]  # cell_count, then the cells
+    if tail and any(section[len(section) - tail:]):
+        raise ValueError("a KV state section with cells in two streams")
+    return _U32.pack(n_to) + bytes(4 * s_to) + bytes(body) + bytes(4 * (n_to - 1 - s_to))
+
+
+def restream(data, sizes: list[int], n_to: int, s_to: int) -> bytes:
+    """The state `data` (sections of `sizes` bytes, any stream layout, one sequence)
+    laid out for stream s_to of a context with n_to streams."""
+    view = memoryview(data).cast("B")
+    if HEADER + sum(sizes) != len(view):
+        raise ValueError(f"KV state of {len(view)} bytes, sections of {sum(sizes)}")
+    out, at = [bytes(view[:HEADER])], HEADER
+    for n in sizes:
+        out.append(_one(view[at:at + n], n_to, s_to))
+        at += n
+    return b"".join(out)
+
+
+def as_buffer(data: bytes) -> ctypes.Array:
+    """`data` as the ctypes buffer llama_state_seq_set_data takes."""
+    return (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
