@@ -115,9 +115,12 @@ def save(engine: Engine, seq_id: int, path: str | os.PathLike) -> SlotIO:
     n = engine.ctx.save_seq(seq_id, path, pack(c.tokens))
     if n == 0:
         raise SlotSaveError("Unable to save slot")
+    reusable = c.reusable
+    if c.tiled and reusable and engine.ctx.twin is not None:
+        reusable -= 1  # the main context computed its own cell of the prompt's last token
     with open(path, "ab") as f:
         version = 1 if c.tiled else 2
-        f.write(_TRAILER.pack(TRAILER_MAGIC, version, c.reusable, _digest(engine, c.tokens)))
+        f.write(_TRAILER.pack(TRAILER_MAGIC, version, reusable, _digest(engine, c.tokens)))
     return SlotIO(len(c.tokens), n + _TRAILER.size, (time.perf_counter() - t0) * 1e3)
 
 

@@ -16,6 +16,7 @@ from ngramspec.config import SpecConfig, parse_spec_types
 from ngramspec.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 from ngramspec.server.slot_actions import valid_filename
+from ngramspec.twin import repack_is_safe
 
 PROMPT = ("Summarize the following notes in one sentence.\n"
           + "".join(f"Note {i}: the shipment of item {i * 7} arrived on day {i + 3}.\n"
@@ -108,7 +109,10 @@ def test_save_restore_erase(tmp_path):
         c.post("/slots/0?action=restore", json={"filename": "slot1.bin"})
         hit = complete(c, longer, 0)
         fresh = complete(c, longer, 1, cache_prompt=False)
-        assert hit["timings"]["cache_n"] == n_prompt and fresh["timings"]["cache_n"] == 0
+        # with a prefill twin the main context's cell of the prompt's last token is its
+        # own (twin.py), so a restored slot reuses the cells before it
+        reused = n_prompt - 1 if repack_is_safe() else n_prompt
+        assert hit["timings"]["cache_n"] == reused and fresh["timings"]["cache_n"] == 0
         assert hit["tokens"] == fresh["tokens"]  # restored prefix == fresh prefill
 
         r = c.post("/slots/2?action=erase").json()  # ids wrap around, as in llama-server
