@@ -29,7 +29,8 @@ def status_kib(pid: int, key: str = "VmRSS") -> int:
 def pss_kib(pid: int) -> int:
     """The process's proportional set size in KiB (/proc/PID/smaps_rollup): its resident
     pages, each counted once however many of its mappings share it (a file mapped twice
-    counts once, where VmRSS counts it twice); 0 where it cannot be read."""
+    counts once, where VmRSS counts it twice), and pages shared with other processes
+    (libraries) split among them; 0 where it cannot be read."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             for line in f:
