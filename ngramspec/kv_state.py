@@ -3,8 +3,9 @@
 `llama_state_seq_get_data` writes a header (a u32 magic and the source sequence id,
 which a host read checks and ignores: kept as is), then per cache section (an SWA
 model has two: the full attention layers, then the sliding-window ones; others one),
-the section's stream count, then for every stream a u32 cell count followed by that stream's cells when
-the count is not zero. A sequence lives in one stream, so a section is
+the section's stream count, then for every stream a u32 cell count followed by that
+stream's cells when the count is not zero. A sequence lives in one stream, so a
+section is
 
     n_stream, 0 x s, cell_count, cells..., 0 x (n_stream - 1 - s)
 
@@ -73,6 +74,17 @@ def restream(data, sizes: list[int], n_to: int, s_to: int) -> bytes:
     return b"".join(out)
 
 
-def as_buffer(data: bytes) -> ctypes.Array:
-    """`data` as the ctypes buffer llama_state_seq_set_data takes."""
-    return (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+def get(ctx, seq_id: int) -> tuple[ctypes.Array, list[int]]:
+    """`seq_id`'s state in model.Context `ctx` and its sections' sizes."""
+    from .model import _llama
+
+    data = ctx.seq_state(seq_id)
+    return data, section_sizes(_llama(), ctx.ptr, seq_id, len(data))
+
+
+def put(ctx, seq_id: int, data, sizes: list[int]) -> None:
+    """Load a state `get` returned (from a context of the same GGUF, any stream layout)
+    into `seq_id` of model.Context `ctx`, laid out for ctx's streams."""
+    streams, stream = (ctx.params.n_seq_max, seq_id) if ctx.per_seq_streams else (1, 0)
+    out = restream(data, sizes, streams, stream)
+    ctx.set_seq_state(seq_id, (ctypes.c_uint8 * len(out)).from_buffer_copy(out))

@@ -518,17 +518,14 @@ class Context:
         attention, which sums the unmasked cells in cell order (the one-row kernel),
         therefore sees them in position order, as with a full-size cache (rule W,
         docs/exactness.md)."""
-        lc = _llama()
-        lo = lc.llama_memory_seq_pos_min(self.memory, seq_id)
+        lo = self.positions(seq_id)[0]
         if lo < 0 or end - lo <= self.swa_span:
             return
-        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY
-        n = lc.llama_state_seq_get_size_ext(self.ptr, seq_id, flags)
-        buf = (ctypes.c_uint8 * max(1, n))()
-        n = lc.llama_state_seq_get_data_ext(self.ptr, buf, len(buf), seq_id, flags)
-        if not n or lc.llama_state_seq_set_data_ext(self.ptr, buf, n, seq_id, flags) == 0:
-            raise RuntimeError(f"llama.cpp could not re-import the window of sequence {seq_id}")
-        lo = lc.llama_memory_seq_pos_min(self.memory, seq_id)
+        window = self.seq_state(seq_id, partial=True)
+        if not len(window):
+            raise RuntimeError(f"llama.cpp could not export the window of sequence {seq_id}")
+        self.set_seq_state(seq_id, window, partial=True)
+        lo = self.positions(seq_id)[0]
         if end - lo > self.swa_span:
             raise RuntimeError(f"positions {lo}..{end - 1} of sequence {seq_id} do not fit "
                                f"its {self.swa_span}-cell sliding-window cache")
@@ -600,18 +597,23 @@ class Context:
             raise ValueError("No available space in KV cache or invalid slot save file")
         return np.frombuffer(buf, dtype=np.int32, count=n.value).copy(), int(nread)
 
-    def seq_state(self, seq_id: int) -> ctypes.Array:
-        """`seq_id`'s KV cells as llama_state_seq_get_data writes them."""
+    def seq_state(self, seq_id: int, partial: bool = False) -> ctypes.Array:
+        """`seq_id`'s KV cells as llama_state_seq_get_data writes them (`partial`: the
+        sliding-window cache's alone, LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY)."""
         lc = _llama()
-        buf = (ctypes.c_uint8 * max(1, lc.llama_state_seq_get_size(self.ptr, seq_id)))()
-        n = lc.llama_state_seq_get_data(self.ptr, buf, len(buf), seq_id)
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        buf = (ctypes.c_uint8 * max(1, lc.llama_state_seq_get_size_ext(self.ptr, seq_id, flags)))()
+        n = lc.llama_state_seq_get_data_ext(self.ptr, buf, len(buf), seq_id, flags)
         return (ctypes.c_uint8 * n).from_buffer(buf)
 
-    def set_seq_state(self, seq_id: int, data: ctypes.Array) -> None:
+    def set_seq_state(self, seq_id: int, data: ctypes.Array, partial: bool = False) -> None:
         """Load cells `seq_state` returned (of a context of the same GGUF with as many KV
-        streams) into `seq_id`, replacing what it held. Raises RuntimeError if llama.cpp
-        refuses (n_stream mismatch, too few cells)."""
-        if len(data) and _llama().llama_state_seq_set_data(self.ptr, data, len(data), seq_id) == 0:
+        streams, the same `partial`) into `seq_id`, replacing what it held. Raises
+        RuntimeError if llama.cpp refuses (n_stream mismatch, too few cells)."""
+        lc = _llama()
+        flags = lc.LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY if partial else 0
+        if len(data) and lc.llama_state_seq_set_data_ext(self.ptr, data, len(data), seq_id,
+                                                         flags) == 0:
             raise RuntimeError(f"llama.cpp could not load {len(data)} bytes of KV state "
                                f"into sequence {seq_id}")
 

@@ -12,14 +12,14 @@ The CPU backend has a switch for that: `ggml_backend_cpu_set_use_ref(backend, tr
 makes flash attention compute every query row with its one-row kernel over the whole
 KV range (no split-KV path, no tiled path for 64+ rows); it also turns off op fusion
 (which changes no value here, measured). The weight matmuls are untouched. A row then
-gets the same values whatever else its ubatch holds, alone included. llama.cpp does not hand out a context's CPU backend, so
-`enable` finds it: `llama_set_abort_callback` writes a marker into the context
-object's `abort_callback_data` field, which follows its `backend_cpu` field; the
-words before the marker are searched for a pointer to a backend whose guid is the
-CPU backend's (read from a backend this module creates), every address checked
-against the process's readable mappings before it is read. If anything is not as
-expected (another OS, another layout, a missing symbol) nothing is changed and the
-context keeps rule U1's padding row.
+gets the same values whatever else its ubatch holds, alone included. llama.cpp does
+not hand out a context's CPU backend, so `enable` finds it: `llama_set_abort_callback`
+writes a marker into the context object's `abort_callback_data` field, which follows
+its `backend_cpu` field; the words before the marker are searched for a pointer to a
+backend whose guid is the CPU backend's (read from a backend this module creates),
+every address checked against the process's readable mappings before it is read. If
+anything is not as expected (another OS, another layout, a missing symbol) nothing is
+changed and the context keeps rule U1's padding row.
 
 The switch has one other effect that matters: a matmul marked as a Hadamard rotation
 (llama.cpp rotates K and V before a *quantized* cache, and always for a few

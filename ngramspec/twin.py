@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Sequence
 
 from . import kv_state
-from .model import TILED_PREFILL_MIN, Context, ContextParams, Model, _llama
+from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
 
 #: repacked gemm kernels take the rows of a decode 4 at a time (ggml-cpu/repack.cpp)
 GEMM_ROWS = 4
@@ -173,9 +173,7 @@ class PrefillTwin:
         twin does not hold them (a restored slot), they are copied from `main`."""
         if self.held.get(seq_id, 0) < n_cached:
             self._load(seq_id, 0)
-            data = main.seq_state(seq_id)
-            sizes = kv_state.section_sizes(_llama(), main.ptr, seq_id, len(data))
-            self.ctx.set_seq_state(0, kv_state.as_buffer(kv_state.restream(data, sizes, 1, 0)))
+            kv_state.put(self.ctx, 0, *kv_state.get(main, seq_id))
         else:
             self._load(seq_id, n_cached)
         self.held[seq_id] = n_cached
@@ -194,17 +192,13 @@ class PrefillTwin:
         self.ctx.run_rows([(0, tokens, pos0, None)], {0: twin_pads(len(tokens))})
         self.held[seq_id] = pos0 + len(tokens)
         if last:
-            data, sizes = self._save(seq_id)
-            streams = main.params.n_seq_max if main.per_seq_streams else 1
-            main.set_seq_state(seq_id, kv_state.as_buffer(
-                kv_state.restream(data, sizes, streams, seq_id if main.per_seq_streams else 0)))
+            kv_state.put(main, seq_id, *self._save(seq_id))
 
     def _save(self, seq_id: int) -> tuple[ctypes.Array, list[int]]:
         """Keep the loaded slot's cells as state bytes (valid for all of them)."""
-        data = self.ctx.seq_state(0)
-        sizes = kv_state.section_sizes(_llama(), self.ctx.ptr, 0, len(data))
-        self._saved[seq_id], self._valid[seq_id] = (data, sizes), self.held.get(seq_id, 0)
-        return data, sizes
+        self._saved[seq_id] = kv_state.get(self.ctx, 0)
+        self._valid[seq_id] = self.held.get(seq_id, 0)
+        return self._saved[seq_id]
 
     def _load(self, seq_id: int, need: int) -> None:
         """Make `seq_id`'s cells [0, need) the twin's sequence 0 (saving the slot
