@@ -39,6 +39,12 @@ class _Reader:
         self.pos += 8
         return v
 
+    def text(self) -> str:
+        """A string: its u64 length, then that many bytes (UTF-8)."""
+        n = self.u64()
+        self.pos += n
+        return bytes(self.buf[self.pos - n:self.pos]).decode("utf-8", "replace")
+
     def skip_bytes(self) -> None:
         """A string: its u64 length, then that many bytes."""
         n = self.u64()
@@ -60,7 +66,8 @@ class _Reader:
             raise ValueError(f"unknown GGUF value type {vtype}")
 
 
-def _read_types(buf) -> frozenset[str]:
+def _header(buf) -> tuple[_Reader, int, int]:
+    """A reader at the first metadata key, the tensor count and the metadata count."""
     r = _Reader(buf)
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError("not a GGUF file")
@@ -68,6 +75,11 @@ def _read_types(buf) -> frozenset[str]:
     if r.u32() < 2:
         raise ValueError("GGUF v1 is not read")
     n_tensors, n_kv = r.u64(), r.u64()
+    return r, n_tensors, n_kv
+
+
+def _read_types(buf) -> frozenset[str]:
+    r, n_tensors, n_kv = _header(buf)
     for _ in range(n_kv):
         r.skip_bytes()  # key
         r.skip_value(r.u32())
@@ -80,6 +92,35 @@ def _read_types(buf) -> frozenset[str]:
         if sum(d > 1 for d in dims) >= 2:
             types.add(_FLOAT_IDS.get(t, f"type{t}"))
     return frozenset(types)
+
+
+def _read_vocab(buf) -> tuple[str, int] | None:
+    """(general.architecture, the number of tokenizer.ggml.tokens), reading the
+    metadata only until both are found; None if either is missing."""
+    r, _, n_kv = _header(buf)
+    arch = count = None
+    for _ in range(n_kv):
+        key, vtype = r.text(), r.u32()
+        if key == "general.architecture" and vtype == 8:
+            arch = r.text()
+        elif key == "tokenizer.ggml.tokens" and vtype == 9:
+            r.u32()
+            count = r.u64()
+        else:
+            r.skip_value(vtype)
+        if arch is not None and count is not None:
+            return arch, count
+    return None
+
+
+def vocab_size(path: str | Path) -> tuple[str, int] | None:
+    """(architecture, token count) from the GGUF file's header, or None if its header
+    cannot be read or lacks either (a model with no token list)."""
+    try:
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+            return _read_vocab(m)
+    except (OSError, ValueError, OverflowError, struct.error, IndexError):
+        return None
 
 
 def matrix_types(path: str | Path) -> frozenset[str] | None:

@@ -42,8 +42,8 @@ def section_sizes(lc, ctx_ptr, seq_id: int, total: int) -> list[int]:
     return [total - part, part - HEADER]
 
 
-def _one(section: memoryview, n_to: int, s_to: int) -> bytes:
-    """One section re-laid for stream s_to of n_to streams."""
+def _body(section: memoryview) -> memoryview | None:
+    """A section's cell_count and cells (None: no stream holds cells)."""
     if len(section) < 4:
         raise ValueError("a KV state section shorter than its header")
     n_from = _U32.unpack_from(section, 0)[0]
@@ -53,25 +53,36 @@ def _one(section: memoryview, n_to: int, s_to: int) -> bytes:
     if s_from is None:
         if len(section) != 4 + 4 * n_from:
             raise ValueError("an empty KV state section of the wrong length")
-        return _U32.pack(n_to) + bytes(4 * n_to)
+        return None
     head, tail = 4 + 4 * s_from, 4 * (n_from - 1 - s_from)
-    body = section[head:len(section) - tail]  # cell_count, then the cells
     if tail and any(section[len(section) - tail:]):
         raise ValueError("a KV state section with cells in two streams")
-    return _U32.pack(n_to) + bytes(4 * s_to) + bytes(body) + bytes(4 * (n_to - 1 - s_to))
+    return section[head:len(section) - tail]
 
 
-def restream(data, sizes: list[int], n_to: int, s_to: int) -> bytes:
+def restream(data, sizes: list[int], n_to: int, s_to: int) -> bytearray:
     """The state `data` (sections of `sizes` bytes, any stream layout, one sequence)
-    laid out for stream s_to of a context with n_to streams."""
+    laid out for stream s_to of a context with n_to streams: one new buffer, the
+    cells copied once (a state is the size of its prompt: ~10 MiB for 700 tokens)."""
     view = memoryview(data).cast("B")
     if HEADER + sum(sizes) != len(view):
         raise ValueError(f"KV state of {len(view)} bytes, sections of {sum(sizes)}")
-    out, at = [bytes(view[:HEADER])], HEADER
+    bodies, at = [], HEADER
     for n in sizes:
-        out.append(_one(view[at:at + n], n_to, s_to))
+        bodies.append(_body(view[at:at + n]))
         at += n
-    return b"".join(out)
+    out = bytearray(HEADER + sum(4 + 4 * n_to + (0 if b is None else len(b) - 4) for b in bodies))
+    out[:HEADER] = view[:HEADER]
+    at = HEADER
+    for body in bodies:  # n_to, 0 x s_to, cell_count, cells, 0 x (n_to - 1 - s_to)
+        _U32.pack_into(out, at, n_to)
+        if body is None:
+            at += 4 + 4 * n_to
+            continue
+        at += 4 + 4 * s_to
+        out[at:at + len(body)] = body
+        at += len(body) + 4 * (n_to - 1 - s_to)
+    return out
 
 
 def get(ctx, seq_id: int) -> tuple[ctypes.Array, list[int]]:
@@ -82,9 +93,24 @@ def get(ctx, seq_id: int) -> tuple[ctypes.Array, list[int]]:
     return data, section_sizes(_llama(), ctx.ptr, seq_id, len(data))
 
 
+def _laid_out(data, sizes: list[int], n_to: int) -> bool:
+    """Whether every section of `data` already has n_to streams (one stream: then
+    the layout is the same whatever the sequence)."""
+    view, at = memoryview(data).cast("B"), HEADER
+    for n in sizes:
+        if n < 4 or _U32.unpack_from(view, at)[0] != n_to:
+            return False
+        at += n
+    return n_to == 1
+
+
 def put(ctx, seq_id: int, data, sizes: list[int]) -> None:
     """Load a state `get` returned (from a context of the same GGUF, any stream layout)
-    into `seq_id` of model.Context `ctx`, laid out for ctx's streams."""
+    into `seq_id` of model.Context `ctx`, laid out for ctx's streams (copied only if
+    the layouts differ)."""
     streams, stream = (ctx.params.n_seq_max, seq_id) if ctx.per_seq_streams else (1, 0)
+    if _laid_out(data, sizes, streams) and HEADER + sum(sizes) == len(data):
+        ctx.set_seq_state(seq_id, data)
+        return
     out = restream(data, sizes, streams, stream)
-    ctx.set_seq_state(seq_id, (ctypes.c_uint8 * len(out)).from_buffer_copy(out))
+    ctx.set_seq_state(seq_id, (ctypes.c_uint8 * len(out)).from_buffer(out))

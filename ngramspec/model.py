@@ -19,11 +19,11 @@ import threading
 from dataclasses import dataclass
 from functools import cache, cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-from . import gguf_types, ref_attention, ubatch
+from . import allocator, gguf_types, ref_attention, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -102,6 +102,7 @@ def _quiet_logs(verbose: bool) -> None:
 
 def _init_backend(verbose: bool) -> None:
     lc = _llama()
+    allocator.fix_mmap_threshold()  # before llama.cpp allocates anything (allocator.py)
     lc.llama_backend_init()
     if not verbose:
         @lc.llama_log_callback
@@ -149,11 +150,32 @@ def check_model_file(path: str | os.PathLike) -> Path:
     return p
 
 
+def _kv_overrides(lc, values: dict[str, int | str]) -> ctypes.Array:
+    """llama.cpp's kv_overrides array for `values` (ints and strings), ended by an entry
+    with an empty key."""
+    table = (lc.llama_model_kv_override * (len(values) + 1))()
+    for entry, (key, value) in zip(table, values.items()):
+        entry.key = key.encode()
+        if isinstance(value, str):
+            entry.tag = lc.LLAMA_KV_OVERRIDE_TYPE_STR
+            entry.value.val_str = value.encode()
+        else:
+            entry.tag = lc.LLAMA_KV_OVERRIDE_TYPE_INT
+            entry.value.val_i64 = int(value)
+    return table
+
+
 class Model:
     """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, verbose: bool = False,
-                 use_extra_bufts: bool = False, n_gpu_layers: int = 0, load_mode: int = -1):
+                 use_extra_bufts: bool = False, n_gpu_layers: int = 0, load_mode: int = -1,
+                 on_progress: Callable[[float], None] | None = None,
+                 overrides: dict[str, int | str] | None = None):
+        """`on_progress(fraction)`: called on the loading thread as llama.cpp loads the
+        tensors (once per tensor, fraction of the bytes loaded so far); it cannot stop
+        the load. `overrides`: GGUF metadata values llama.cpp reads instead of the
+        file's (its kv_overrides; keys and strings under 128 bytes)."""
         lc = _llama()
         self.path = check_model_file(path or default_model_path())
         _quiet_logs(verbose)
@@ -163,15 +185,33 @@ class Model:
         # repacked weights use a gemm kernel for groups of 4 columns and gemv for the
         # rest: a token's logits would depend on its place in the batch
         params.use_extra_bufts = use_extra_bufts
+        if on_progress is not None:
+            def progress(fraction: float, _user: ctypes.c_void_p) -> bool:
+                try:
+                    on_progress(fraction)
+                except Exception:  # a callback's failure must not abort the load
+                    pass
+                return True
+            callback = lc.llama_progress_callback(progress)  # referenced until the load returns
+            params.progress_callback = callback
+        if overrides:
+            table = _kv_overrides(lc, overrides)  # referenced until the load returns
+            params.kv_overrides = ctypes.cast(table, ctypes.POINTER(lc.llama_model_kv_override))
         self.ptr = lc.llama_model_load_from_file(str(self.path).encode(), params)
         if not self.ptr:
             size = self.path.stat().st_size
             raise ModelError(f"llama.cpp could not load {self.path} ({size} bytes): "
                              "the file is corrupt, truncated or of an unsupported architecture")
+        # loaded without its vocabulary (tokenizer "none": twin.no_vocab): llama.cpp
+        # aborts the process if such a model is asked to tokenize or detokenize
+        self.has_vocab = (overrides or {}).get("tokenizer.ggml.model") != "none"
         self.vocab = lc.llama_model_get_vocab(self.ptr)
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
         self.name = self.path.stem
+        # the address range of this model's own mapping of its file, where known
+        # (twin.load_twin: its pages are dropped after each prompt chunk)
+        self.file_span: tuple[int, int] | None = None
 
     def close(self) -> None:
         if getattr(self, "ptr", None):
@@ -209,7 +249,13 @@ class Model:
         """Every end-of-generation token id, ascending."""
         return np.flatnonzero(self._eog).tolist()
 
+    def _need_vocab(self) -> None:
+        if not self.has_vocab:
+            raise ModelError(f"{self.path.name} was loaded without its vocabulary "
+                             "(a prefill twin): it cannot tokenize or detokenize")
+
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> np.ndarray:
+        self._need_vocab()
         lc = _llama()
         data = text.encode("utf-8")
         cap = len(data) + 8
@@ -223,6 +269,7 @@ class Model:
 
     def piece(self, token: int, special: bool = False) -> bytes:
         """The bytes of one token (may be a partial UTF-8 sequence)."""
+        self._need_vocab()
         lc = _llama()
         buf = ctypes.create_string_buffer(64)
         n = lc.llama_token_to_piece(self.vocab, int(token), buf, 64, 0, special)
@@ -438,7 +485,7 @@ class Context:
         the last).
 
         The twin computes no logits, so it never reads the output layer (its pages of
-        the model file stay out of memory, `twin.drop_file_pages`): after the last
+        the model file stay out of memory, `file_pages.py`): after the last
         chunk, this context evaluates the prompt's last token again, alone, in place
         of the twin's cell (a generation decode, invariant like every other;
         docs/exactness.md, "The twin computes no logits"). The twin keeps its own

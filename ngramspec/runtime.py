@@ -6,6 +6,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable
 
+from . import file_pages
 from .config import SpecConfig
 from .cost import calibrate_context
 from .engine import Engine
@@ -15,7 +16,7 @@ from .model import (MLOCK_MODES, TILED_PREFILL_MIN, ContextParams, Model, check_
 from .memory import available_bytes, plan_auto
 from .omp import on_passing_thread
 from .policy import CostPolicy
-from .twin import drop_file_pages, load_twin, open_context, repack_is_safe
+from .twin import load_twin, open_context, repack_is_safe
 
 
 def default_threads() -> int:
@@ -109,8 +110,9 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     if "error" in box:
         model.close()
         raise box["error"]
-    if box.get("twin") is not None and opts.load_mode not in MLOCK_MODES:
-        drop_file_pages(path)  # before any KV cache: the peak stays one copy's
+    twin = box.get("twin")
+    if twin is not None and opts.load_mode not in MLOCK_MODES:  # the twin's copy, else all
+        file_pages.drop(path, twin.file_span)
     return model, box.get("twin")
 
 

@@ -12,16 +12,20 @@ and to a multiple of 4 rows (every column through gemm, rule R), and then moves 
 sequence's KV cells into the main context (llama_state_seq_get/set_data).
 
 Invariants:
-- The twin context has the main context's parameters but one KV stream of one slot's
-  size (plus GEMM_ROWS cells for padding); it holds one slot's prompt cells at a time,
-  from cell 0, and keeps the others' as state bytes (`kv_state.restream` lays a
-  sequence's state out for the other context's streams, the cells' bytes unchanged).
+- The twin context has the main context's parameters but one KV stream of at most
+  one slot's size (plus GEMM_ROWS cells for padding), grown as prompts need; it holds
+  one slot's prompt cells at a time, from cell 0, and keeps the others' as state
+  bytes of every cell (ALL_CELLS); `kv_state.restream` lays a sequence's state out
+  for the main context's streams, the cells' bytes unchanged.
+- The twin model has no vocabulary (`no_vocab`) and, after each chunk, none of the
+  model file's pages mapped (`file_pages.drop` on its own mapping): resident memory
+  counts a page once per mapping, and the main model maps the whole file anyway.
 - The twin holds exactly the cells [0, held[seq]) of each slot, computed by twin
   chunks (or, after a slot restore, copied from the main context). The main
   context's truncations, clears and context shifts reach the twin (`truncate`), so
   those cells are always the prompt cells the main context holds too.
-- llama.cpp exports only the cells inside the sliding window of an SWA cache, so
-  after a prompt moves in, the main context holds its SWA layers' last window only.
+- llama.cpp exports a sequence's cells inside the sliding window of an SWA cache only,
+  so after a prompt moves in, the main context holds its SWA layers' last window.
   Generation needs no more (positions only grow past the prompt), and a later prompt
   that reuses a prefix continues from the twin's complete cells, not the main's.
 - Every row of every twin decode goes through the same kernels, whatever the
@@ -36,11 +40,26 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
-from . import kv_state
-from .model import TILED_PREFILL_MIN, Context, ContextParams, Model
+from . import file_pages, gguf_types, kv_state
+from .model import MLOCK_MODES, TILED_PREFILL_MIN, Context, ContextParams, Model
 
 #: repacked gemm kernels take the rows of a decode 4 at a time (ggml-cpu/repack.cpp)
 GEMM_ROWS = 4
+
+#: the sequence id that makes llama_state_seq_get_data write every cell of the context:
+#: with a sequence's id, a sliding-window cache writes only the cells inside the window
+#: of the sequence's last position, and a later prompt that reuses a shorter prefix
+#: needs the others. The twin holds one sequence (0), so the bytes are those of its
+#: cells, in the per-sequence format, and load back with set_seq_state(0, ...): that
+#: path places them from cell 0 and leaves llama.cpp's search head after them, as the
+#: chunks that made them did (a whole-context load, sequence -1, leaves the head at 0,
+#: and the next chunk would then overwrite the sliding-window cache's oldest cells
+#: instead of appending: another cell layout, other values)
+ALL_CELLS = -1
+
+#: cells a prefill twin's KV stream starts with (it grows to a slot's size when a prompt
+#: needs more: PrefillTwin._room)
+TWIN_START_CELLS = 1024
 
 
 def repack_is_safe(cpuinfo: str | None = None) -> bool:
@@ -61,46 +80,54 @@ def repack_is_safe(cpuinfo: str | None = None) -> bool:
 
 def load_twin(path: str | Path, **load) -> Model | None:
     """The prefill twin of the model at `path`: the same GGUF loaded with repacked
-    weights (`use_extra_bufts`), or None where this CPU cannot run them safely
-    (`repack_is_safe`). `load`: Model's other loading options (verbose, n_gpu_layers,
-    load_mode)."""
+    weights (`use_extra_bufts`) and no vocabulary (`no_vocab`), or None where this
+    CPU cannot run them safely (`repack_is_safe`). `load`: Model's other loading
+    options (verbose, n_gpu_layers, load_mode).
+
+    Unless the load locks the file (mlock), the twin's mapping of the file is found
+    (the one that appeared before llama.cpp's first progress call: `file_span`) and
+    its pages are dropped there (file_pages.py): llama.cpp maps the whole file
+    populated, the main model's load maps it again, and resident memory would peak
+    at two copies. Where the mapping cannot be told apart (two appeared), every
+    mapping of the file is dropped every 1/16 of the load instead, and `file_span`
+    stays None."""
     if not repack_is_safe():
         return None
-    return Model(path, use_extra_bufts=True, **load)
+    overrides = no_vocab(path)
+    if load.get("load_mode", -1) in MLOCK_MODES:
+        return Model(path, use_extra_bufts=True, overrides=overrides, **load)
+    before, state = file_pages.spans(path), {"first": True, "own": None, "done": 0.0}
+
+    def dropping(fraction: float) -> None:
+        if state["first"]:  # the twin's mapping is in place, populated
+            state["first"] = False
+            new = file_pages.spans(path) - before
+            if len(new) == 1:
+                state["own"] = new.pop()
+                file_pages.drop(path, state["own"])
+                return
+        if state["own"] is None and fraction >= state["done"] + 1 / 16:
+            state["done"] = fraction
+            file_pages.drop(path)
+
+    twin = Model(path, use_extra_bufts=True, on_progress=dropping, overrides=overrides, **load)
+    twin.file_span = state["own"]
+    return twin
 
 
-#: madvise(2) advice: drop the range's page-table entries (a shared file mapping's
-#: pages stay in the page cache and fault back in on the next read)
-_MADV_DONTNEED = 4
-
-
-def drop_file_pages(path: str | Path) -> int:
-    """Unmap the resident pages of every read-only mapping of the file at `path` from
-    this process (madvise MADV_DONTNEED; Linux only); returns the bytes advised.
-
-    llama.cpp maps a GGUF with MAP_POPULATE, so a model and its twin each map every
-    page of the file, and resident memory counts the file twice. The pages are the
-    page cache's, shared by both mappings: dropping the entries frees nothing the
-    models need, and each then faults back in what it reads (the main model all of
-    it, the twin its layers without the output layer and the embedding rows of the
-    prompts' tokens, since it computes no logits). Values are unaffected: the bytes
-    are the file's either way. No-op for a locked (mlock) or unreadable mapping."""
-    if not sys.platform.startswith("linux"):
-        return 0
-    target = str(Path(path).resolve())
-    try:
-        with open("/proc/self/maps") as f:
-            spans = [line.split()[0] for line in f if line.rstrip("\n").endswith(" " + target)]
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return 0
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    done = 0
-    for span in spans:
-        lo, hi = (int(x, 16) for x in span.split("-"))
-        if libc.madvise(lo, hi - lo, _MADV_DONTNEED) == 0:
-            done += hi - lo
-    return done
+def no_vocab(path: str | Path) -> dict[str, int | str] | None:
+    """GGUF metadata overrides that load the model without its vocabulary: tokenizer
+    model "none" with `<arch>.vocab_size` dummy tokens, so the embedding and output
+    matrices keep their shape. The twin only evaluates token ids the main model
+    tokenized; it never tokenizes, detokenizes or samples, and llama.cpp's graph does
+    not read the vocabulary, so no value changes. A 262k-token vocabulary is ~45 MiB
+    of strings and maps per loaded model (and most of a load's time). None (load as
+    is) if the header does not give the architecture and token count."""
+    found = gguf_types.vocab_size(path)
+    if found is None:
+        return None
+    arch, n_tokens = found
+    return {"tokenizer.ggml.model": "none", f"{arch}.vocab_size": n_tokens}
 
 
 def open_context(model: Model, params: ContextParams, prefill_model: Model | None = None) -> Context:
@@ -135,19 +162,27 @@ class PrefillTwin:
     valid: `_valid` >= held for every slot but the loaded one)."""
 
     def __init__(self, model: Model, params: ContextParams):
-        """The twin's one stream gets GEMM_ROWS more cells than a main context's slot:
-        the engine leaves room for a chunk's padding to 64 rows before the slot's end
-        (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3 more. Only
-        padding rows use them (removed after the decode); how many cells a context
-        has does not change any value (docs/exactness.md)."""
+        """The twin's one stream can grow to GEMM_ROWS more cells than a main context's
+        slot (`cap`): the engine leaves room for a chunk's padding to 64 rows before the
+        slot's end (`Engine._chunk_end`), the rounding to a multiple of 4 may need 3
+        more. Only padding rows use them (removed after the decode). It starts with
+        room for one batch or TWIN_START_CELLS cells, whichever is more, and grows
+        (`_room`) when a prompt needs more: its KV cache is most of its memory. How
+        many cells a context has does not change any value: llama.cpp rounds the cache
+        to a multiple of 256 cells and attends over the used cells rounded up to 256,
+        whatever the cache's size (docs/exactness.md, rule R)."""
         per_slot = -(-params.n_ctx // params.n_seq_max)
-        self.ctx = Context(model, replace(params, n_ctx=per_slot + GEMM_ROWS, n_seq_max=1,
-                                          reference_attention=False,  # prompts: the tiled path
-                                          swa_full=True))  # every prompt cell, for prefix hits
+        self.cap = per_slot + GEMM_ROWS
+        self._params = replace(params, n_seq_max=1,
+                               reference_attention=False,  # prompts: the tiled path
+                               swa_full=True)  # every prompt cell, for prefix hits
+        start = max(TWIN_START_CELLS, params.n_batch + GEMM_ROWS)
+        self.ctx = Context(model, replace(self._params, n_ctx=min(self.cap, start)))
         self.held: dict[int, int] = {}  # slot -> the twin's cells [0, held) of it
         self._loaded: int | None = None  # the slot whose cells are in the twin's sequence 0
-        self._saved: dict[int, tuple[ctypes.Array, list[int]]] = {}  # slot -> (state, sizes)
+        self._saved: dict[int, ctypes.Array] = {}  # slot -> its cells (ALL_CELLS state)
         self._valid: dict[int, int] = {}  # slot -> _saved's cells [0, valid) are still its
+        self._saved_cells: dict[int, int] = {}  # slot -> the cells _saved holds
 
     @staticmethod
     def usable(params: ContextParams) -> bool:
@@ -155,6 +190,24 @@ class PrefillTwin:
         least 64 rows, no more than n_batch)."""
         n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch)
         return params.batch_invariant and n_ubatch >= TILED_PREFILL_MIN and n_ubatch % GEMM_ROWS == 0
+
+    def _room(self, n: int) -> None:
+        """Make the twin's stream hold at least n cells (at most `cap`): a context twice
+        the size (or n, or `cap`) replaces it, with the loaded slot's cells."""
+        if n <= self.ctx.n_ctx or self.ctx.n_ctx >= self.cap:
+            return
+        sizes = [self.ctx.n_ctx, min(self.cap, max(n, 2 * self.ctx.n_ctx))]
+        cells = self.ctx.seq_state(ALL_CELLS) if self.ctx.positions(0)[1] >= 0 else None
+        model = self.ctx.model
+        self.ctx.close()  # first: the two caches are never resident at once
+        try:
+            self.ctx = Context(model, replace(self._params, n_ctx=sizes[1]))
+        except BaseException:  # out of memory: the old size again, then raise
+            self.ctx = Context(model, replace(self._params, n_ctx=sizes[0]))
+            raise
+        finally:
+            if cells is not None:
+                self.ctx.set_seq_state(0, cells)
 
     def truncate(self, seq_id: int | None, n: int) -> None:
         """The main context dropped positions >= n of `seq_id` (None: of every sequence)."""
@@ -173,6 +226,7 @@ class PrefillTwin:
         twin does not hold them (a restored slot), they are copied from `main`."""
         if self.held.get(seq_id, 0) < n_cached:
             self._load(seq_id, 0)
+            self._room(main.positions(seq_id)[1] + 1 + GEMM_ROWS)  # main's cells, all
             kv_state.put(self.ctx, 0, *kv_state.get(main, seq_id))
         else:
             self._load(seq_id, n_cached)
@@ -189,16 +243,21 @@ class PrefillTwin:
             raise RuntimeError(f"the prefill twin holds {self.held.get(seq_id, 0)} cells of "
                                f"sequence {seq_id}, the next chunk starts at {pos0}")
         self._load(seq_id, pos0)
+        self._room(pos0 + len(tokens) + twin_pads(len(tokens)))
         self.ctx.run_rows([(0, tokens, pos0, None)], {0: twin_pads(len(tokens))})
+        if self.ctx.model.file_span is not None:  # its pages of the file: the next chunk's
+            file_pages.drop(self.ctx.model.path, self.ctx.model.file_span)
         self.held[seq_id] = pos0 + len(tokens)
-        if last:
-            kv_state.put(main, seq_id, *self._save(seq_id))
+        if last:  # main first: its copy is freed before the saved one is made
+            kv_state.put(main, seq_id, *kv_state.get(self.ctx, 0))  # the window will do
+            self._save(seq_id)
 
-    def _save(self, seq_id: int) -> tuple[ctypes.Array, list[int]]:
-        """Keep the loaded slot's cells as state bytes (valid for all of them)."""
-        self._saved[seq_id] = kv_state.get(self.ctx, 0)
-        self._valid[seq_id] = self.held.get(seq_id, 0)
-        return self._saved[seq_id]
+    def _save(self, seq_id: int) -> None:
+        """Keep the loaded slot's cells as state bytes (valid for all of them): every
+        cell, with the sliding-window layers' cells out of the window too (a later
+        prompt of the slot may reuse any prefix of this one)."""
+        self._saved[seq_id] = self.ctx.seq_state(ALL_CELLS)
+        self._valid[seq_id] = self._saved_cells[seq_id] = self.held.get(seq_id, 0)
 
     def _load(self, seq_id: int, need: int) -> None:
         """Make `seq_id`'s cells [0, need) the twin's sequence 0 (saving the slot
@@ -213,7 +272,8 @@ class PrefillTwin:
         if need > 0:
             if self._valid.get(seq_id, 0) < need:
                 raise RuntimeError(f"the prefill twin lost the cells of sequence {seq_id}")
-            self.ctx.set_seq_state(0, self._saved[seq_id][0])
+            self._room(self._saved_cells[seq_id] + GEMM_ROWS)
+            self.ctx.set_seq_state(0, self._saved[seq_id])
             self.ctx.truncate(0, need)
 
     def close(self) -> None:

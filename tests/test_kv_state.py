@@ -40,3 +40,25 @@ def test_bad_layouts_raise():
         kv_state.restream(HEADER + words(1, 0), [12], 1, 0)
     with pytest.raises(ValueError, match="wrong length"):
         kv_state.restream(HEADER + words(3, 0), [8], 1, 0)
+
+
+def test_a_one_stream_state_loads_as_is_and_others_are_relaid():
+    """put's shortcut: a state whose sections all have one stream needs no copy for a
+    one-stream context; any other stream count does."""
+    one = HEADER + words(1, 3) + b"cells..." + words(1, 0)
+    four = kv_state.restream(one, [16, 8], 4, 1)
+    assert kv_state._laid_out(one, [16, 8], 1)
+    assert not kv_state._laid_out(one, [16, 8], 4)
+    assert not kv_state._laid_out(four, [28, 20], 1) and kv_state._laid_out(four, [28, 20], 4) is False
+    assert kv_state.restream(four, [28, 20], 1, 0) == one
+
+
+def test_the_allocator_threshold_is_pinned_on_glibc():
+    import platform
+    import sys
+
+    from ngramspec import allocator
+
+    took = allocator.fix_mmap_threshold()  # the value every model load sets
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert took
