@@ -65,6 +65,10 @@ from .speculation import Speculation
 from .stats import DrafterStats
 from .synth import SynthAcceptance
 
+#: bytes of logit rows one generation decode may produce (Engine._limits): 128 rows of
+#: a 262k vocabulary, about what llama-server's 8 slots with 16-token drafts produce
+LOGIT_BUFFER_MAX = 128 << 20
+
 
 @dataclass
 class SeqState:
@@ -310,12 +314,18 @@ class Engine:
         return min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx_seq - st.n_hist - 2)
 
     def _limits(self) -> tuple[int, int]:
-        """(rows per sequence, rows per decode) a generation decode may hold."""
+        """(rows per sequence, rows per decode) a generation decode may hold. Every row
+        of a generation decode has logits, and llama.cpp's output buffer keeps as many
+        rows resident as the largest decode had (n_vocab floats each: 1 MiB with a
+        262k vocabulary), so a decode holds at most LOGIT_BUFFER_MAX bytes of them (at
+        least one row per slot). Draft lengths never change an output."""
+        n_seq = self.ctx.params.n_seq_max
+        logit_rows = max(LOGIT_BUFFER_MAX // (4 * self.model.n_vocab), n_seq)
         if not self.ctx.invariant:
-            return self.ctx.n_batch, self.ctx.n_batch
+            return self.ctx.n_batch, min(self.ctx.n_batch, logit_rows)
         if self.ctx.per_seq_streams:  # U2 per stream; padding needs one spare row per entry
-            return MAX_INVARIANT_BATCH, self.ctx.n_batch - self.ctx.params.n_seq_max
-        return MAX_INVARIANT_BATCH, MAX_INVARIANT_BATCH
+            return MAX_INVARIANT_BATCH, min(self.ctx.n_batch - n_seq, logit_rows)
+        return MAX_INVARIANT_BATCH, min(MAX_INVARIANT_BATCH, logit_rows)
 
     def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
         """One verify step for every generating sequence in `seqs`, in ONE llama_decode.

@@ -83,3 +83,28 @@ def test_batch_replay_drafts_on_copies_and_backs_off_on_noise_at_four_slots():
     four = [_copy_and_noise(rng)[0] for _ in range(4)]
     res, speedup = replay_batch(chain, CostPolicy(CPU4, compare_all=True), CPU4, four)
     assert all(r.tokens_per_step >= 8 for r in res) and speedup > 1.4
+
+
+def test_a_decode_holds_at_most_the_logit_buffer_cap():
+    """Engine._limits: every generation row has logits and llama.cpp keeps the largest
+    decode's rows resident, so a decode holds at most LOGIT_BUFFER_MAX bytes of them
+    (128 rows of a 262k vocabulary), never fewer rows than slots; a small vocabulary is
+    held by the other limits only."""
+    from types import SimpleNamespace
+
+    from ngramspec.engine import LOGIT_BUFFER_MAX, Engine
+
+    def limits(n_vocab, n_seq, invariant=True, n_batch=512):
+        ctx = SimpleNamespace(invariant=invariant, per_seq_streams=n_seq > 1, n_batch=n_batch,
+                              params=SimpleNamespace(n_seq_max=n_seq))
+        return Engine._limits(SimpleNamespace(ctx=ctx, model=SimpleNamespace(n_vocab=n_vocab)))
+
+    assert LOGIT_BUFFER_MAX // (4 * 262144) == 128
+    assert limits(262144, 8) == (63, 128)
+    assert limits(262144, 1) == (63, 63)
+    assert limits(262144, 200, n_batch=4096) == (63, 200)  # one row per slot at least
+    assert limits(49152, 8) == (63, 504)  # SmolLM2: n_batch - n_seq as before
+    assert limits(262144, 8, invariant=False) == (512, 128)
+    # the planner keeps the total: 8 sequences that would each draft 48
+    ks = plan([opts(0.9)] * 8, [Shape(s, 1, 1) for s in range(8)], None, 63, 128)
+    assert sum(ks) + 8 <= 128
