@@ -94,14 +94,17 @@ def get(ctx, seq_id: int) -> tuple[ctypes.Array, list[int]]:
 
 
 def _laid_out(data, sizes: list[int], n_to: int) -> bool:
-    """Whether every section of `data` already has n_to streams (one stream: then
-    the layout is the same whatever the sequence)."""
+    """Whether `data` already has the layout of a context with n_to streams: only
+    known without rewriting for one stream (then the layout is the same whatever the
+    sequence), when every section has one."""
+    if n_to != 1:
+        return False
     view, at = memoryview(data).cast("B"), HEADER
     for n in sizes:
-        if n < 4 or _U32.unpack_from(view, at)[0] != n_to:
+        if n < 4 or _U32.unpack_from(view, at)[0] != 1:
             return False
         at += n
-    return n_to == 1
+    return True
 
 
 def put(ctx, seq_id: int, data, sizes: list[int]) -> None:

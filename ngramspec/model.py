@@ -202,10 +202,10 @@ class Model:
             size = self.path.stat().st_size
             raise ModelError(f"llama.cpp could not load {self.path} ({size} bytes): "
                              "the file is corrupt, truncated or of an unsupported architecture")
-        # loaded without its vocabulary (tokenizer "none": twin.no_vocab): llama.cpp
-        # aborts the process if such a model is asked to tokenize or detokenize
-        self.has_vocab = (overrides or {}).get("tokenizer.ggml.model") != "none"
         self.vocab = lc.llama_model_get_vocab(self.ptr)
+        # a model without a vocabulary (tokenizer "none", as twin.no_vocab loads one):
+        # llama.cpp aborts the process if it is asked to tokenize or detokenize
+        self.has_vocab = lc.llama_vocab_type(self.vocab) != lc.LLAMA_VOCAB_TYPE_NONE
         self.n_vocab = lc.llama_vocab_n_tokens(self.vocab)
         self.n_ctx_train = lc.llama_model_n_ctx_train(self.ptr)
         self.name = self.path.stem

@@ -113,7 +113,7 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     twin = box.get("twin")
     if twin is not None and opts.load_mode not in MLOCK_MODES:  # the twin's copy, else all
         file_pages.drop(path, twin.file_span)
-    return model, box.get("twin")
+    return model, twin
 
 
 @dataclass(frozen=True)

@@ -180,9 +180,9 @@ class PrefillTwin:
         self.ctx = Context(model, replace(self._params, n_ctx=min(self.cap, start)))
         self.held: dict[int, int] = {}  # slot -> the twin's cells [0, held) of it
         self._loaded: int | None = None  # the slot whose cells are in the twin's sequence 0
-        self._saved: dict[int, ctypes.Array] = {}  # slot -> its cells (ALL_CELLS state)
+        # slot -> its cells as an ALL_CELLS state, and how many cells that holds
+        self._saved: dict[int, tuple[ctypes.Array, int]] = {}
         self._valid: dict[int, int] = {}  # slot -> _saved's cells [0, valid) are still its
-        self._saved_cells: dict[int, int] = {}  # slot -> the cells _saved holds
 
     @staticmethod
     def usable(params: ContextParams) -> bool:
@@ -256,8 +256,9 @@ class PrefillTwin:
         """Keep the loaded slot's cells as state bytes (valid for all of them): every
         cell, with the sliding-window layers' cells out of the window too (a later
         prompt of the slot may reuse any prefix of this one)."""
-        self._saved[seq_id] = self.ctx.seq_state(ALL_CELLS)
-        self._valid[seq_id] = self._saved_cells[seq_id] = self.held.get(seq_id, 0)
+        cells = self.held.get(seq_id, 0)
+        self._saved[seq_id] = self.ctx.seq_state(ALL_CELLS), cells
+        self._valid[seq_id] = cells
 
     def _load(self, seq_id: int, need: int) -> None:
         """Make `seq_id`'s cells [0, need) the twin's sequence 0 (saving the slot
@@ -272,8 +273,9 @@ class PrefillTwin:
         if need > 0:
             if self._valid.get(seq_id, 0) < need:
                 raise RuntimeError(f"the prefill twin lost the cells of sequence {seq_id}")
-            self._room(self._saved_cells[seq_id] + GEMM_ROWS)
-            self.ctx.set_seq_state(0, self._saved[seq_id])
+            state, cells = self._saved[seq_id]
+            self._room(cells + GEMM_ROWS)
+            self.ctx.set_seq_state(0, state)
             self.ctx.truncate(0, need)
 
     def close(self) -> None:
