@@ -1,22 +1,31 @@
 """`ngramspec bench --parallel N`: documents through a server with N slots and N
 concurrent clients, ngramspec side by side with the C++ llama-server.
 
-Each configuration starts its server on a free loopback port, sends every document
-to `/completion` (greedy, `n_predict`, no prompt cache) from N client threads, and
-measures wall-clock time from the first request to the last response, so prompt
-processing is included. Aggregate tok/s = generated tokens / wall seconds; prompt
-tok/s = prompt tokens / summed prompt_ms of the responses, divided by N (the
-slots' prompt time overlaps nothing but itself only with one slot).
+Each configuration (a row: ngramspec in one mode, or llama-server with one spec type)
+sends every document to `/completion` (greedy, `n_predict`, no prompt cache) from N
+client threads and measures wall-clock time from the first request to the last
+response, so prompt processing is included. Aggregate tok/s = generated tokens / wall
+seconds. Generation only: a "prefill" row sends the same documents with n_predict 1
+(prompts and first tokens only), and generation tok/s = the other tokens / (wall -
+the prefill row's wall), each server against its own prefill row. Prompt tok/s =
+prompt tokens / summed prompt_ms (one slot: nothing overlaps).
 
-Servers run one at a time: two llama.cpp processes on the same cores slow each
-other down 10-50x.
+Only one server runs at a time: two llama.cpp processes on the same cores slow each
+other down 10-50x. With `rounds` > 1 every row runs that many times, interleaved
+(forward, backward, forward, ...: ours and llama-server's rows alternate, so a drift of
+the host's speed meets both alike); every server stays loaded and all but the one being
+timed are stopped (SIGSTOP), and the report shows each row's median round.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
+import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -38,11 +47,13 @@ class RunResult:
     generated: int = 0
     prompt_tokens: int = 0
     prompt_ms: float = 0.0
+    predicted_ms: float = 0.0  # summed over the responses (slots overlap)
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
     peak_rss_mib: float = 0.0  # the server process's peak resident memory after this run
     peak_pss_mib: float = 0.0  # its sampled peak PSS so far: shared file pages counted once
+    round: int = 0  # which of the interleaved rounds
 
     @property
     def tok_per_s(self) -> float:
@@ -119,6 +130,7 @@ def collect(server: str, mode: str, slots: int, docs: Sequence[Document], wall: 
         r.generated += int(t.get("predicted_n", 0))
         r.prompt_tokens += int(t.get("prompt_n", 0))
         r.prompt_ms += float(t.get("prompt_ms", 0.0))
+        r.predicted_ms += float(t.get("predicted_ms", 0.0))
         r.drafted += int(t.get("draft_n", 0))
         r.accepted += int(t.get("draft_n_accepted", 0))
         # every verify step emits its accepted draft tokens + 1; the first token is the prompt's
@@ -131,65 +143,174 @@ def mode_body(mode: str) -> dict:
     "oracle" (a prediction of the exact output, nothing else drafts) or a spec type."""
     if mode == "auto":
         return {}
-    if mode in ("off", "oracle"):
+    if mode in ("off", "oracle", "prefill"):
         return {"speculative": {"type": "none"}}
     return {"speculative": {"type": mode}}
 
 
-def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
-                  threads: int, slot_ctx: int, model: str | None,
-                  progress: Callable[[str], None] = lambda s: None,
-                  extra_checks: Callable[[str], dict] | None = None, clients: int | None = None,
-                  server_args: Sequence[str] = ()) -> tuple[list[RunResult], dict]:
-    """One `ngramspec serve -np slots` process (`server_args`: the user's load, -md and
-    spec flags); each mode is a per-request setting, sent by `clients` concurrent
-    clients (default: one per slot). "oracle" needs "off" earlier in `modes` (its
-    outputs are the predictions). `extra_checks(url)` runs on the same server after the
-    modes. A run's peak RSS is the process's so far: the first mode's is its own."""
-    from .server.launch import PeakPss, start_server, status_kib
+@dataclass(frozen=True)
+class Row:
+    """One timed configuration: `server` in `mode` ("prompt": the prompt checks),
+    served by the process named `process` ("ngramspec" serves every ngramspec mode;
+    "llama-server:TYPE" is one llama-server started with that spec type)."""
+
+    server: str
+    mode: str
+    process: str
+
+
+def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_checks: bool,
+             rounds: int) -> list[list[Row]]:
+    """Every round's rows in order. Round 0: our modes and llama-server's types
+    alternate ("off" beside "none" first, then both "prefill" rows: the same documents,
+    n_predict 1), then the oracle (it needs round 0's "off"), then the prompt checks; later rounds run the same rows backward, forward, ...
+    `peer_types` None: no llama-server."""
+    modes = [*own_modes[:1], "prefill", *own_modes[1:]]
+    ours = [Row("ngramspec", m, "ngramspec") for m in modes]
+    peers = [Row("llama-server", "off" if t == "none" else t, f"llama-server:{t}")
+             for t in (["none", *peer_types] if peer_types is not None else [])]
+    if peers:
+        peers.insert(1, Row("llama-server", "prefill", "llama-server:none"))
+    order = [r for pair in zip_longest(ours, peers) for r in pair if r is not None]
+    order.append(Row("ngramspec", "oracle", "ngramspec"))
+    if prompt_checks:
+        order.append(Row("ngramspec", "prompt", "ngramspec"))
+        if peers:
+            order.append(Row("llama-server", "prompt", "llama-server:none"))
+    return [order if i % 2 == 0 else order[::-1] for i in range(rounds)]
+
+
+def process_of(r: RunResult) -> str:
+    """The `Row.process` that produced r."""
+    if r.server == "ngramspec":
+        return "ngramspec"
+    return "llama-server:" + ("none" if r.mode in ("off", "prefill") else r.mode)
+
+
+def wait_stopped(pid: int, stopped: bool, timeout: float = 5.0) -> None:
+    """Wait until /proc says the process is stopped (state T), or is not; signals arrive
+    asynchronously. Returns at once where /proc cannot be read."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if (state in "Tt") == stopped:
+            return
+        time.sleep(0.002)
+
+
+@dataclass
+class Started:
+    """A running server process: where it listens, its pid, how to end it."""
+
+    url: str
+    pid: int
+    close: Callable[[], None]
+
+
+class Servers:
+    """The processes a schedule uses: each started at its first row, stopped (SIGSTOP)
+    whenever another one's row runs, ended after its last row. Invariant: at most one
+    of them is runnable while a row is timed."""
+
+    def __init__(self, starters: dict[str, Callable[[], Started]], plan: list[list[Row]]):
+        self.starters, self.live = starters, {}
+        flat = [r.process for rows in plan for r in rows]
+        self.last = {p: i for i, p in enumerate(flat)}
+
+    def __enter__(self) -> "Servers":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name in list(self.live):
+            self._end(name)
+
+    def resume(self, name: str) -> Started:
+        if name not in self.live:
+            self.live[name] = self.starters[name]()
+        else:
+            os.kill(self.live[name].pid, signal.SIGCONT)
+            wait_stopped(self.live[name].pid, False)
+        return self.live[name]
+
+    def pause(self, name: str, index: int) -> None:
+        """After row `index` of the flattened schedule: end the process if that was its
+        last row, else stop it until its next one (returns once it is stopped)."""
+        if index >= self.last[name]:
+            self._end(name)
+        else:
+            os.kill(self.live[name].pid, signal.SIGSTOP)
+            wait_stopped(self.live[name].pid, True)
+
+    def _end(self, name: str) -> None:
+        srv = self.live.pop(name)
+        try:
+            os.kill(srv.pid, signal.SIGCONT)  # a stopped process would not see SIGTERM
+        except ProcessLookupError:
+            pass
+        srv.close()
+
+
+def start_ngramspec(slots: int, threads: int, slot_ctx: int, model: str | None,
+                    server_args: Sequence[str] = ()) -> Started:
+    """`ngramspec serve -np slots` (`server_args`: the user's load, -md and spec flags)."""
+    from .server.launch import start_server
 
     args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0",
             *server_args]
     if model:
         args += ["-m", model]
     sp = start_server(args, timeout=900)
+    return Started(sp.url, sp.pid, sp.stop)
+
+
+def start_llama_server(binary: str, model_path: str, spec_type: str, slots: int, threads: int,
+                       slot_ctx: int, extra: Sequence[str] = ()) -> Started:
+    from .peer import LlamaServerPeer
+
+    peer = LlamaServerPeer(binary, model_path, spec_type, n_ctx=slot_ctx * slots, threads=threads,
+                           extra=list(extra), n_parallel=slots).__enter__()
+    return Started(peer.url, peer.proc.pid, lambda: peer.__exit__(None, None, None))
+
+
+def time_row(row: Row, srv: Started, docs: Sequence[Document], slots: int, n_predict: int,
+             clients: int, earlier: Sequence[RunResult], off: RunResult | None) -> RunResult:
+    """Every document through `srv` as `row` says; peak RSS is the process's so far
+    (VmHWM), peak PSS the largest sampled over this row and `earlier` ones of the same
+    process. The oracle's predictions are `off`'s outputs."""
+    from .server.launch import PeakPss, status_kib
+
+    per_doc = None
+    if row.mode == "oracle":
+        per_doc = {d: {"prediction": {"type": "content", "content": t}}
+                   for d, t in off.outputs.items()}
+    body = mode_body(row.mode) if row.server == "ngramspec" else None
+    with PeakPss(srv.pid) as pss:
+        wall, outs = send_all(srv.url, docs, clients, 1 if row.mode == "prefill" else n_predict,
+                              body, per_doc)
+    pss_so_far = max([pss.mib] + [r.peak_pss_mib for r in earlier])
+    return collect(row.server, row.mode, slots, docs, wall, outs,
+                   status_kib(srv.pid, "VmHWM") / 1024, pss_so_far)
+
+
+def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,
+                  threads: int, slot_ctx: int, model: str | None,
+                  clients: int | None = None, server_args: Sequence[str] = ()) -> list[RunResult]:
+    """Every mode in turn on one `ngramspec serve -np slots` process, sent by `clients`
+    concurrent clients (default: one per slot). "oracle" needs "off" earlier in `modes`."""
+    srv = start_ngramspec(slots, threads, slot_ctx, model, server_args)
     try:
         results: list[RunResult] = []
         for mode in modes:
-            progress(f"ngramspec -np {slots}: {mode}")
-            per_doc = None
-            if mode == "oracle":
-                off = next(r for r in results if r.mode == "off")
-                per_doc = {d: {"prediction": {"type": "content", "content": t}}
-                           for d, t in off.outputs.items()}
-            with PeakPss(sp.pid) as pss:
-                wall, outs = send_all(sp.url, docs, clients or slots, n_predict, mode_body(mode),
-                                      per_doc)
-            pss_so_far = max([pss.mib] + [r.peak_pss_mib for r in results])
-            results.append(collect("ngramspec", mode, slots, docs, wall, outs,
-                                   status_kib(sp.pid, "VmHWM") / 1024, pss_so_far))
-        checks = extra_checks(sp.url) if extra_checks else {}
-        return results, checks
+            off = next((r for r in results if r.mode == "off"), None)
+            results.append(time_row(Row("ngramspec", mode, "ngramspec"), srv, docs, slots,
+                                    n_predict, clients or slots, results, off))
+        return results
     finally:
-        sp.stop()
-
-
-def run_llama_server(binary: str, model_path: str, docs: Sequence[Document], slots: int,
-                     spec_type: str, n_predict: int, threads: int, slot_ctx: int,
-                     extra: Sequence[str] = (),
-                     extra_checks: Callable[[str], dict] | None = None) -> tuple[RunResult, dict]:
-    from .peer import LlamaServerPeer
-    from .server.launch import PeakPss, status_kib
-
-    peer = LlamaServerPeer(binary, model_path, spec_type, n_ctx=slot_ctx * slots, threads=threads,
-                           extra=list(extra), n_parallel=slots)
-    with peer:
-        with PeakPss(peer.proc.pid) as pss:
-            wall, outs = send_all(peer.url, docs, slots, n_predict)
-        peak = status_kib(peer.proc.pid, "VmHWM") / 1024
-        checks = extra_checks(peer.url) if extra_checks else {}
-    return collect("llama-server", "off" if spec_type == "none" else spec_type, slots, docs,
-                   wall, outs, peak, pss.mib), checks
+        srv.close()
 
 
 def long_text(n_chars: int, module: str = "difflib") -> str:
@@ -207,9 +328,10 @@ SECOND_QUESTION = ("\n# The second request asks a longer question about the same
                    "the parser itself? Answer in three short paragraphs.\n")
 
 
-def prompt_checks(url: str, n_chars: int = 8000) -> dict:
-    """Prompt speed on one ~2,000-token prompt (best of 2, no cache), and the prompt
-    cache: a ~1,550-token prefix with a new ~50-token suffix after a first request."""
+def prompt_checks(url: str, n_chars: int = 8000, cache: bool = True) -> dict:
+    """Prompt speed on one ~2,000-token prompt (best of 2, no cache), and (`cache`) the
+    prompt cache: a ~1,550-token prefix with a new ~50-token suffix after a first
+    request (once per server: later the prefix is a hit in both requests)."""
     import httpx
 
     def post(client, prompt, cache):
@@ -221,6 +343,8 @@ def prompt_checks(url: str, n_chars: int = 8000) -> dict:
     text = long_text(n_chars)
     with httpx.Client(base_url=url, timeout=600) as c:
         speed = max((post(c, text, False) for _ in range(2)), key=lambda t: t["prompt_per_second"])
+        if not cache:
+            return {"prompt_n": speed["prompt_n"], "prompt_per_second": speed["prompt_per_second"]}
         prefix = long_text(6200, "argparse")  # ~1,550 tokens no slot holds yet
         first = post(c, prefix + "\n# first question: what does this module do?\n", True)
         second = post(c, prefix + SECOND_QUESTION, True)  # a new ~50-token suffix
@@ -230,58 +354,125 @@ def prompt_checks(url: str, n_chars: int = 8000) -> dict:
             "cache_n": second.get("cache_n", 0)}
 
 
+NOT_TYPES = ("off", "auto", "oracle", "prefill")  # rows that are not a fixed spec type
+
+
 @dataclass
 class PipelineReport:
-    """Everything one `bench --parallel` run measured."""
+    """Everything one `bench --parallel` run measured: `runs` has each row's median
+    round, `rounds` every round's run of every row (empty: `runs` is all there is)."""
 
     runs: list[RunResult] = field(default_factory=list)
     checks: dict[str, dict] = field(default_factory=dict)  # "ngramspec"/"llama-server" -> prompt_checks
+    rounds: list[RunResult] = field(default_factory=list)
+    check_rounds: dict[str, list[float]] = field(default_factory=dict)  # prompt tok/s per round
 
     def get(self, server: str, mode: str, slots: int) -> RunResult | None:
         return next((r for r in self.runs if (r.server, r.mode, r.slots) == (server, mode, slots)), None)
 
-    def best_peer(self, slots: int) -> RunResult | None:
-        peers = [r for r in self.runs if r.server == "llama-server" and r.slots == slots
-                 and r.mode != "off"]
+    def best_peer(self, slots: int, runs: Sequence[RunResult] | None = None) -> RunResult | None:
+        peers = [r for r in (self.runs if runs is None else runs)
+                 if r.server == "llama-server" and r.slots == slots and r.mode not in NOT_TYPES]
         return max(peers, key=lambda r: r.tok_per_s) if peers else None
 
-    def best_own_fixed(self, slots: int) -> RunResult | None:
+    def best_own_fixed(self, slots: int, runs: Sequence[RunResult] | None = None) -> RunResult | None:
         """ngramspec's fastest fixed spec type at this slot count (not off/auto/oracle)."""
-        own = [r for r in self.runs if r.server == "ngramspec" and r.slots == slots
-               and r.mode not in ("off", "auto", "oracle")]
+        own = [r for r in (self.runs if runs is None else runs)
+               if r.server == "ngramspec" and r.slots == slots
+               and r.mode not in NOT_TYPES]
         return max(own, key=lambda r: r.tok_per_s) if own else None
 
+    def gen_tok_per_s(self, r: RunResult, runs: Sequence[RunResult] | None = None) -> float | None:
+        """Generation only: r's tokens after each document's first, per second of r's wall
+        time less its server's prefill row's in `runs` (default: the medians; None: no
+        prefill row)."""
+        pre = next((x for x in (self.runs if runs is None else runs)
+                    if (x.server, x.mode, x.slots) == (r.server, "prefill", r.slots)), None)
+        if pre is None or r.wall_s <= pre.wall_s:
+            return None
+        return (r.generated - pre.generated) / (r.wall_s - pre.wall_s)
+
+    def runs_of(self, r: RunResult) -> list[RunResult]:
+        """Every round's run of r's row (just r when no rounds were kept)."""
+        same = [x for x in self.rounds if (x.server, x.mode, x.slots) == (r.server, r.mode, r.slots)]
+        return same or [r]
+
     def identical(self, a: RunResult, b: RunResult) -> int:
-        return sum(a.outputs.get(d) == b.outputs.get(d) for d in a.outputs)
+        """Documents whose output in every round of a's row equals b's."""
+        return sum(all(x.outputs.get(d) == b.outputs.get(d) for x in self.runs_of(a))
+                   for d in a.outputs)
+
+    def per_round(self, slots: int, ratio: Callable[[Sequence[RunResult]], float | None]
+                  ) -> list[float]:
+        """`ratio` of each round's runs at this slot count (None: left out)."""
+        n = max((r.round for r in self.rounds), default=-1) + 1
+        out = [ratio([r for r in self.rounds if r.round == i and r.slots == slots])
+               for i in range(n)]
+        return [x for x in out if x is not None]
+
+
+def median_run(runs: Sequence[RunResult]) -> RunResult:
+    """The round whose wall time is the median (the lower one of an even count), with
+    round 0's peak memory: the first round's peaks are each mode's own (spec-off runs
+    first in its process)."""
+    pick = sorted(runs, key=lambda r: r.wall_s)[(len(runs) - 1) // 2]
+    return replace(pick, peak_rss_mib=runs[0].peak_rss_mib, peak_pss_mib=runs[0].peak_pss_mib)
+
+
+def run_plan(plan: list[list[Row]], starters: dict[str, Callable[[], Started]],
+             docs: Sequence[Document], slots: int, n_predict: int, rep: PipelineReport,
+             progress: Callable[[str], None] = lambda s: None) -> None:
+    """Time every row of every round at `slots`, one process runnable at a time; each
+    run goes to `rep.rounds`, each prompt check to `rep.checks` (round 0) and
+    `rep.check_rounds`."""
+    index = 0
+    with Servers(starters, plan) as servers:
+        for i, rows in enumerate(plan):
+            for row in rows:
+                progress(f"-np {slots}, round {i + 1}/{len(plan)}: {row.server} {row.mode}")
+                srv = servers.resume(row.process)
+                if row.mode == "prompt":
+                    chk = prompt_checks(srv.url, cache=i == 0)
+                    rep.checks.setdefault(row.server, chk)
+                    rep.check_rounds.setdefault(row.server, []).append(chk["prompt_per_second"])
+                else:
+                    mine = [r for r in rep.rounds if r.slots == slots and process_of(r) == row.process]
+                    off = next((r for r in rep.rounds if r.slots == slots and r.round == 0
+                                and (r.server, r.mode) == ("ngramspec", "off")), None)
+                    res = time_row(row, srv, docs, slots, n_predict, slots, mine, off)
+                    rep.rounds.append(replace(res, round=i))
+                servers.pause(row.process, index)
+                index += 1
 
 
 def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threads: int,
         slot_ctx: int, model: str | None, llama_server: str | None, peer_types: Sequence[str],
         progress: Callable[[str], None] = lambda s: None, own_types: Sequence[str] = (),
-        server_args: Sequence[str] = (), peer_args: Sequence[str] = ()) -> PipelineReport:
+        server_args: Sequence[str] = (), peer_args: Sequence[str] = (),
+        rounds: int = 1) -> PipelineReport:
     """ngramspec (off, auto, each of `own_types` as a fixed type, and the oracle: what
     perfect drafts give at that slot count) and llama-server (none + each of
-    `peer_types`) at every slot count, one server at a time; `server_args` and
-    `peer_args` go on their command lines (the user's load, -md and spec flags)."""
+    `peer_types`) at every slot count, `rounds` interleaved rounds (`schedule`), one
+    server runnable at a time; `server_args` and `peer_args` go on their command lines
+    (the user's load, -md and spec flags)."""
     from .model import default_model_path
 
+    if rounds < 1:
+        raise ConfigError(f"--rounds must be >= 1, got {rounds}")
     rep = PipelineReport()
+    path = model or default_model_path()
     for n in parallel:
-        modes = ["off", "auto", *own_types, "oracle"]
-        checks = prompt_checks if n == 1 else None
-        res, chk = run_ngramspec(docs, n, modes, n_predict, threads, slot_ctx, model, progress,
-                                 checks, server_args=server_args)
-        rep.runs += res
-        if chk:
-            rep.checks["ngramspec"] = chk
-        if llama_server:
-            path = model or default_model_path()
-            for t in ["none", *peer_types]:
-                progress(f"llama-server -np {n}: {t}")
-                r, chk = run_llama_server(llama_server, path, docs, n, t, n_predict, threads,
-                                          slot_ctx, peer_args,
-                                          extra_checks=checks if t == "none" else None)
-                rep.runs.append(r)
-                if chk:
-                    rep.checks["llama-server"] = chk
+        starters = {"ngramspec": lambda n=n: start_ngramspec(n, threads, slot_ctx, model, server_args)}
+        for t in ["none", *peer_types] if llama_server else []:
+            starters[f"llama-server:{t}"] = lambda t=t, n=n: start_llama_server(
+                llama_server, path, t, n, threads, slot_ctx, peer_args)
+        plan = schedule(["off", "auto", *own_types], peer_types if llama_server else None,
+                        n == 1, rounds)
+        run_plan(plan, starters, docs, n, n_predict, rep, progress)
+    keys = sorted(dict.fromkeys((r.server, r.mode, r.slots) for r in rep.rounds),
+                  key=lambda k: (k[2], k[0] != "ngramspec"))  # ours first, in run order
+    rep.runs = [median_run([r for r in rep.rounds if (r.server, r.mode, r.slots) == k])
+                for k in keys]
+    for server, speeds in rep.check_rounds.items():
+        rep.checks[server]["prompt_per_second"] = statistics.median(speeds)
     return rep

@@ -78,7 +78,7 @@ def run_generate(docs, out_dir: Path, args) -> dict:
 
 
 def run_serve(docs, args) -> dict:
-    [res], _ = PB.run_ngramspec(docs, args.parallel, ["auto"], args.n_predict, args.threads,
+    [res] = PB.run_ngramspec(docs, args.parallel, ["auto"], args.n_predict, args.threads,
                                 args.slot_ctx, None)
     return {"tok_per_s": res.tok_per_s, "generated": res.generated, "seconds": res.wall_s,
             "texts": res.texts}

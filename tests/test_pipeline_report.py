@@ -1,10 +1,12 @@
 """`bench --parallel`'s report: the ratios and the peak resident memory it prints come
-from the runs it was given (hand-written runs, no servers)."""
+from the runs it was given (hand-written runs, no servers); its interleaved rounds run
+one server at a time (stand-in processes)."""
 from __future__ import annotations
 
 import mmap
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -51,3 +53,115 @@ def test_peak_pss_counts_a_file_mapped_twice_once(tmp_path):
     assert rss_grew >= 31 << 10  # RSS counts the 16 MiB twice
     assert 15 << 10 <= pss_grew < 24 << 10  # PSS once
     assert pss_kib(2 ** 22 + 12345) == 0
+
+
+# ---------------------------------------------------------------- interleaved rounds
+
+def _r(server, mode, wall, rnd=0, slots=1, outputs=None, generated=320):
+    return RunResult(server, mode, slots, wall, outputs=outputs or {"a": [1, 2], "b": [3]},
+                     generated=generated, round=rnd)
+
+
+def test_schedule_alternates_servers_and_runs_later_rounds_backward():
+    from ngramspec.pipeline_bench import schedule
+
+    plan = schedule(["off", "auto", "ngram-mod"], ["ngram-mod", "ngram-simple"], True, 3)
+    names = [(r.server[0], r.mode) for r in plan[0]]
+    assert names == [("n", "off"), ("l", "off"), ("n", "prefill"), ("l", "prefill"),
+                     ("n", "auto"), ("l", "ngram-mod"), ("n", "ngram-mod"), ("l", "ngram-simple"),
+                     ("n", "oracle"), ("n", "prompt"), ("l", "prompt")]
+    assert plan[1] == plan[0][::-1] and plan[2] == plan[0]
+    procs = {(r.server, r.mode): r.process for r in plan[0]}
+    assert procs[("llama-server", "off")] == procs[("llama-server", "prefill")] \
+        == procs[("llama-server", "prompt")] == "llama-server:none"
+    assert procs[("llama-server", "ngram-simple")] == "llama-server:ngram-simple"
+    assert {r.process for r in plan[0] if r.server == "ngramspec"} == {"ngramspec"}
+    alone = schedule(["off", "auto"], None, False, 1)
+    assert [(r.server, r.mode) for r in alone[0]] == [
+        ("ngramspec", "off"), ("ngramspec", "prefill"), ("ngramspec", "auto"), ("ngramspec", "oracle")]
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch):
+    """run_plan with stand-in servers (sleeping processes): while a row is timed its
+    process runs and every other started one is stopped; a process ends after its last
+    row, and one stopped at the end is ended too."""
+    import subprocess
+
+    from ngramspec import pipeline_bench as PB
+
+    procs = {}
+
+    def starter(name):
+        def start():
+            p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+            procs[name] = p
+            return PB.Started(f"http://{name}", p.pid, lambda: (p.terminate(), p.wait(10)))
+        return start
+
+    seen = []
+
+    def fake_row(row, srv, docs, slots, n_predict, clients, earlier, off):
+        states = {n: _state(p.pid) for n, p in procs.items() if p.poll() is None}
+        seen.append((row.process, states))
+        if row.mode == "oracle":
+            assert off is not None and off.mode == "off" and off.round == 0
+        return RunResult(row.server, row.mode, slots, 1.0 + len(seen), generated=10)
+
+    monkeypatch.setattr(PB, "time_row", fake_row)
+    monkeypatch.setattr(PB, "prompt_checks", lambda url, cache=True: {"prompt_per_second": 100.0,
+                                                                       "cache": cache})
+    plan = PB.schedule(["off", "auto"], ["ngram-mod"], True, 2)
+    rep = PB.PipelineReport()
+    starters = {n: starter(n) for n in ("ngramspec", "llama-server:none", "llama-server:ngram-mod")}
+    PB.run_plan(plan, starters, [], 1, 8, rep)
+    assert len(seen) == 2 * 7  # 9 rows a round, 2 of them prompt checks
+    for timed, states in seen:
+        assert states[timed] in "RS"
+        assert all(s == "T" for n, s in states.items() if n != timed), states
+    assert all(p.poll() is not None for p in procs.values())
+    assert rep.checks["ngramspec"]["cache"] is True  # the cache check in round 0 only
+    assert rep.check_rounds == {"ngramspec": [100.0, 100.0], "llama-server": [100.0, 100.0]}
+    assert sorted({r.round for r in rep.rounds}) == [0, 1]
+
+
+def test_the_median_round_keeps_round_0s_peaks_and_identical_counts_every_round():
+    from ngramspec.pipeline_bench import median_run
+
+    runs = [replace(_r("ngramspec", "off", w, i), peak_rss_mib=p)
+            for i, (w, p) in enumerate([(12.0, 500.0), (10.0, 510.0), (11.0, 520.0)])]
+    med = median_run(runs)
+    assert (med.wall_s, med.round, med.peak_rss_mib) == (11.0, 2, 500.0)
+    assert median_run(runs[:2]).wall_s == 10.0  # the lower of two
+    off = _r("ngramspec", "off", 10.0)
+    auto = [_r("ngramspec", "auto", 8.0, 0), _r("ngramspec", "auto", 9.0, 1,
+                                                outputs={"a": [1, 2], "b": [4]})]
+    rep = PipelineReport(runs=[off, auto[0]], rounds=[off, *auto])
+    assert rep.identical(auto[0], off) == 1  # b differs in round 1
+    assert PipelineReport(runs=[off, auto[0]]).identical(auto[0], off) == 2
+
+
+def test_generation_only_subtracts_the_prefill_row_and_rounds_print_their_ratios(capsys):
+    rounds = []
+    for i, (ours, peer) in enumerate([(10.0, 9.0), (12.0, 12.0), (10.0, 11.0)]):
+        rounds += [_r("ngramspec", "off", ours, i), _r("llama-server", "off", peer, i),
+                   _r("ngramspec", "prefill", 4.0, i, generated=2),
+                   _r("llama-server", "prefill", 5.0, i, generated=2),
+                   _r("ngramspec", "auto", ours - 2, i), _r("llama-server", "ngram-mod", peer - 1, i)]
+    rep = PipelineReport(rounds=rounds, runs=[r for r in rounds if r.round == 0])
+    assert rep.gen_tok_per_s(rep.get("ngramspec", "off", 1)) == pytest.approx(318 / 6.0)
+    assert rep.gen_tok_per_s(rep.get("llama-server", "off", 1)) == pytest.approx(318 / 4.0)
+    assert rep.gen_tok_per_s(rep.get("ngramspec", "prefill", 1)) is None
+    assert rep.per_round(1, lambda rs: len(rs)) == [6, 6, 6]
+    _print_pipeline(rep, [1], 2, 160)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "median of 3 interleaved rounds" in out
+    # 9/10, 12/12, 11/10 in tok/s terms
+    assert "spec-off vs llama-server spec-off 0.90x, 1.00x, 1.10x (median 1.00x)" in out
+    assert "prompts only (the prefill rows) 1.25x, 1.25x, 1.25x" in out
+    assert "prefill" not in out.split("┃ peak RSS")[1].split("1 slot(s)")[0]  # not a table row

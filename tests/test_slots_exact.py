@@ -88,9 +88,9 @@ def test_many_slots_every_spec_type_equals_one_slot_spec_off(slots, threads):
 
     docs = interleave(documents(8, 6, 2))
     assert len(docs) == 16
-    (ref,), _ = run_ngramspec(docs, 1, ["off"], 96, threads, 2048, None)
+    (ref,) = run_ngramspec(docs, 1, ["off"], 96, threads, 2048, None)
     modes = ["auto", *SPEC_TYPES, "off"]
-    runs, _ = run_ngramspec(docs, slots, modes, 96, threads, 2048, None, clients=len(docs))
+    runs = run_ngramspec(docs, slots, modes, 96, threads, 2048, None, clients=len(docs))
     for r in runs:
         differ = [d.id for d in docs if r.outputs[d.id] != ref.outputs[d.id]]
         assert not differ, f"{slots} slots, {r.mode}: {differ}"
