@@ -392,6 +392,11 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
     out_console.print(t)
     for n in counts:
         out_console.print(_pipeline_summary(rep, n))
+        auto = rep.get("ngramspec", "auto", n)
+        if auto and auto.sources:
+            out_console.print(f"{n} slot(s), the default's drafts per source: " + "; ".join(
+                f"{d} {k} drafts, {tok} tokens, {acc} accepted ({acc / tok:.0%})"
+                for d, (k, tok, acc) in sorted(auto.sources.items(), key=lambda x: -x[1][1])))
         if n_rounds > 1:
             out_console.print(_pipeline_rounds(rep, n))
     _print_prompt_checks(rep, n_rounds)

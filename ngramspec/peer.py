@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import subprocess
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -43,11 +44,14 @@ class LlamaServerPeer:
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "LlamaServerPeer":
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        # its log goes to a file: a pipe nobody reads would stop the server once full
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=self.log)
         deadline = time.time() + self.timeout_s
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                err = self.proc.stderr.read().decode(errors="replace")[-800:]
+                self.log.seek(0)
+                err = self.log.read().decode(errors="replace")[-800:]
                 raise NgramSpecError(f"llama-server exited with {self.proc.returncode}: {err}")
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
@@ -66,6 +70,9 @@ class LlamaServerPeer:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+                self.proc.wait(10)
+        if self.proc is not None:
+            self.log.close()
         self.proc = None
 
     def complete(self, prompt: str, n_predict: int) -> dict:

@@ -54,6 +54,8 @@ class RunResult:
     peak_rss_mib: float = 0.0  # the server process's peak resident memory after this run
     peak_pss_mib: float = 0.0  # its sampled peak PSS so far: shared file pages counted once
     round: int = 0  # which of the interleaved rounds
+    # ngramspec: drafter -> [drafts, draft tokens, accepted tokens] of this run
+    sources: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def tok_per_s(self) -> float:
@@ -163,8 +165,9 @@ def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_
              rounds: int) -> list[list[Row]]:
     """Every round's rows in order. Round 0: our modes and llama-server's types
     alternate ("off" beside "none" first, then both "prefill" rows: the same documents,
-    n_predict 1), then the oracle (it needs round 0's "off"), then the prompt checks; later rounds run the same rows backward, forward, ...
-    `peer_types` None: no llama-server."""
+    n_predict 1), then the oracle (it needs round 0's "off"), then the prompt checks;
+    later rounds run the same rows backward, forward, ... `peer_types` None: no
+    llama-server."""
     modes = [*own_modes[:1], "prefill", *own_modes[1:]]
     ours = [Row("ngramspec", m, "ngramspec") for m in modes]
     peers = [Row("llama-server", "off" if t == "none" else t, f"llama-server:{t}")
@@ -260,7 +263,7 @@ def start_ngramspec(slots: int, threads: int, slot_ctx: int, model: str | None,
     from .server.launch import start_server
 
     args = ["-np", str(slots), "-c", str(slot_ctx * slots), "-t", str(threads), "--temp", "0",
-            *server_args]
+            "--metrics", *server_args]
     if model:
         args += ["-m", model]
     sp = start_server(args, timeout=900)
@@ -287,13 +290,40 @@ def time_row(row: Row, srv: Started, docs: Sequence[Document], slots: int, n_pre
     if row.mode == "oracle":
         per_doc = {d: {"prediction": {"type": "content", "content": t}}
                    for d, t in off.outputs.items()}
-    body = mode_body(row.mode) if row.server == "ngramspec" else None
+    ours = row.server == "ngramspec"
+    before = drafter_counts(srv.url) if ours else {}
     with PeakPss(srv.pid) as pss:
         wall, outs = send_all(srv.url, docs, clients, 1 if row.mode == "prefill" else n_predict,
-                              body, per_doc)
+                              mode_body(row.mode) if ours else None, per_doc)
     pss_so_far = max([pss.mib] + [r.peak_pss_mib for r in earlier])
-    return collect(row.server, row.mode, slots, docs, wall, outs,
-                   status_kib(srv.pid, "VmHWM") / 1024, pss_so_far)
+    res = collect(row.server, row.mode, slots, docs, wall, outs,
+                  status_kib(srv.pid, "VmHWM") / 1024, pss_so_far)
+    if ours:
+        after = drafter_counts(srv.url)
+        res.sources = {d: [a - b for a, b in zip(v, before.get(d, [0, 0, 0]))]
+                       for d, v in after.items()}
+        res.sources = {d: v for d, v in res.sources.items() if v[0]}
+    return res
+
+
+def drafter_counts(url: str, headers: dict | None = None) -> dict[str, list[int]]:
+    """ngramspec's per-drafter counters from its /metrics: drafter -> [drafts, draft
+    tokens, accepted tokens] ({} where the server answers no metrics)."""
+    import httpx
+
+    from .server.metrics import DRAFTER_COUNTERS, PREFIX
+
+    r = httpx.get(url + "/metrics", timeout=30, headers=headers)
+    if r.status_code != 200:
+        return {}
+    index = {PREFIX + name: i for i, (name, _, _) in enumerate(DRAFTER_COUNTERS)}
+    out: dict[str, list[int]] = {}
+    for line in r.text.splitlines():
+        name, _, rest = line.partition('{drafter="')
+        if name in index:
+            drafter, _, value = rest.partition('"} ')
+            out.setdefault(drafter, [0, 0, 0])[index[name]] = int(float(value))
+    return out
 
 
 def run_ngramspec(docs: Sequence[Document], slots: int, modes: Sequence[str], n_predict: int,

@@ -154,6 +154,7 @@ def test_generation_only_subtracts_the_prefill_row_and_rounds_print_their_ratios
                    _r("llama-server", "prefill", 5.0, i, generated=2),
                    _r("ngramspec", "auto", ours - 2, i), _r("llama-server", "ngram-mod", peer - 1, i)]
     rep = PipelineReport(rounds=rounds, runs=[r for r in rounds if r.round == 0])
+    rep.get("ngramspec", "auto", 1).sources = {"ngram-mod": [10, 200, 150], "prediction": [1, 4, 1]}
     assert rep.gen_tok_per_s(rep.get("ngramspec", "off", 1)) == pytest.approx(318 / 6.0)
     assert rep.gen_tok_per_s(rep.get("llama-server", "off", 1)) == pytest.approx(318 / 4.0)
     assert rep.gen_tok_per_s(rep.get("ngramspec", "prefill", 1)) is None
@@ -161,6 +162,8 @@ def test_generation_only_subtracts_the_prefill_row_and_rounds_print_their_ratios
     _print_pipeline(rep, [1], 2, 160)
     out = " ".join(capsys.readouterr().out.split())
     assert "median of 3 interleaved rounds" in out
+    assert ("the default's drafts per source: ngram-mod 10 drafts, 200 tokens, 150 accepted "
+            "(75%); prediction 1 drafts, 4 tokens, 1 accepted (25%)") in out
     # 9/10, 12/12, 11/10 in tok/s terms
     assert "spec-off vs llama-server spec-off 0.90x, 1.00x, 1.10x (median 1.00x)" in out
     assert "prompts only (the prefill rows) 1.25x, 1.25x, 1.25x" in out

@@ -306,6 +306,21 @@ def test_metrics(http):
     assert metric(http, "llamacpp:spec_pool_bytes") == 16 << 20
 
 
+def test_metrics_count_each_drafters_proposals(http):
+    """/metrics labels each drafter's drafts, draft tokens and accepted tokens (what
+    `bench --parallel` reports per source); `drafter_counts` reads them back."""
+    from ngramspec.pipeline_bench import drafter_counts
+
+    complete(http, FOX)
+    text = http.get("/metrics").text
+    assert "# TYPE llamacpp:spec_drafter_draft_tokens_total counter" in text
+    counts = drafter_counts(str(http.base_url).rstrip("/"), AUTH)
+    assert sum(tok for _, tok, _ in counts.values()) >= 1
+    for name, (drafts, tok, acc) in counts.items():
+        assert f'llamacpp:spec_drafter_draft_tokens_total{{drafter="{name}"}} {tok}' in text
+        assert drafts <= tok and 0 <= acc <= tok, name
+
+
 # ------------------------------------------------------------------ errors
 
 

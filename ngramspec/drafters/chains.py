@@ -45,12 +45,14 @@ class Chains:
         return chain
 
     def stats(self) -> dict[str, DrafterStats]:
-        """llama.cpp-style counters per drafter, summed over every chain kept."""
+        """llama.cpp-style counters per drafter, summed over every chain kept. Safe to
+        call from another thread while the engine drafts (it reads copies of the dicts;
+        a count may be one step behind)."""
         total: dict[str, DrafterStats] = {}
-        for chain in self._chains.values():
-            for name, st in chain.stats.items():
+        for chain in list(self._chains.values()):
+            for name, st in list(chain.stats.items()):
                 acc = total.setdefault(name, DrafterStats(name))
-                for k, v in st.__dict__.items():
+                for k, v in list(st.__dict__.items()):
                     if k == "acc_per_pos":
                         acc.acc_per_pos += [0] * (len(v) - len(acc.acc_per_pos))
                         for i, x in enumerate(v):

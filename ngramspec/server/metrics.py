@@ -1,7 +1,7 @@
 """Prometheus text for GET /metrics: llama-server's metrics under its `llamacpp:` prefix
 (so that a llama-server dashboard works unchanged), its speculative-decoding counters
 (`spec_decode_*`, as llama.cpp's server has them), and ours (requests, slots, the n-gram
-pool) under the same prefix."""
+pool, each drafter's proposals: `spec_drafter_*{drafter="..."}`) under the same prefix."""
 from __future__ import annotations
 
 PREFIX = "llamacpp:"
@@ -63,9 +63,30 @@ def render(sched, engine) -> str:
         for name, help_, value in items:
             lines += [f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} {kind}",
                       f"{PREFIX}{name} {_fmt(value)}"]
+    lines += _per_drafter(engine)
     name = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
     lines += [f"# HELP {name} Speculative: accepted tokens per draft position",
               f"# TYPE {name} counter"]
     for i, v in enumerate(list(c.accepted_per_pos)):
         lines.append(f'{name}{{position="{i}"}} {v}')
     return "\n".join(lines) + "\n"
+
+
+#: per-drafter counter families: (name, help, DrafterStats field)
+DRAFTER_COUNTERS = (
+    ("spec_drafter_drafts_total", "Drafts this drafter proposed", "n_gen_drafts"),
+    ("spec_drafter_draft_tokens_total", "Draft tokens this drafter proposed", "n_gen_tokens"),
+    ("spec_drafter_accepted_tokens_total", "Of them, tokens the target model accepted",
+     "n_acc_tokens"),
+)
+
+
+def _per_drafter(engine) -> list[str]:
+    """Each drafter's counters, labelled by its name (every chain in use summed)."""
+    stats = engine.stats()
+    lines = []
+    for name, help_, key in DRAFTER_COUNTERS:
+        lines += [f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} counter"]
+        lines += [f'{PREFIX}{name}{{drafter="{d}"}} {getattr(st, key)}'
+                  for d, st in sorted(stats.items())]
+    return lines
