@@ -368,10 +368,10 @@ def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
 
 def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
     n_rounds = len({r.round for r in rep.rounds}) or 1
+    medians = f"; median of {n_rounds} interleaved rounds" if n_rounds > 1 else ""
     t = Table(title=f"pipeline: {n_docs} documents, {n_predict} tokens each, greedy; aggregate "
                     "tok/s = generated tokens / wall time (prompt processing included); gen "
-                    "tok/s = generation only (wall less a prompts-only run's)" + (f"; median of {n_rounds} interleaved rounds"
-                                                 if n_rounds > 1 else ""))
+                    f"tok/s = generation only (wall less a prompts-only run's){medians}")
     for col in ("slots", "server", "mode", "agg tok/s", "gen tok/s", "wall s", "tokens/step",
                 "drafted", "accepted", "identical to off", "vs llama-server best",
                 "vs llama-server off", "peak RSS MiB"):
@@ -394,12 +394,17 @@ def _print_pipeline(rep, counts, n_docs, n_predict) -> None:
         out_console.print(_pipeline_summary(rep, n))
         auto = rep.get("ngramspec", "auto", n)
         if auto and auto.sources:
-            out_console.print(f"{n} slot(s), the default's drafts per source: " + "; ".join(
-                f"{d} {k} drafts, {tok} tokens, {acc} accepted ({acc / tok:.0%})"
-                for d, (k, tok, acc) in sorted(auto.sources.items(), key=lambda x: -x[1][1])))
+            out_console.print(f"{n} slot(s), the default's drafts per source: "
+                              + _sources_text(auto.sources))
         if n_rounds > 1:
             out_console.print(_pipeline_rounds(rep, n))
     _print_prompt_checks(rep, n_rounds)
+
+
+def _sources_text(sources: dict[str, list[int]]) -> str:
+    """Each drafter's drafts, tokens and accepted tokens, most tokens first."""
+    return "; ".join(f"{d} {k} drafts, {tok} tokens, {acc} accepted ({acc / tok:.0%})"
+                     for d, (k, tok, acc) in sorted(sources.items(), key=lambda x: -x[1][1]))
 
 
 def _pipeline_summary(rep, n) -> str:
