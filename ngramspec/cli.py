@@ -443,7 +443,7 @@ def _pipeline_rounds(rep, n) -> str:
     """One slot count's ratios in each round (the rows of one round ran minutes apart at
     most, so a host that drifts between rounds moves both sides of a ratio)."""
     def get(runs, server, mode):
-        return next((r for r in runs if (r.server, r.mode) == (server, mode)), None)
+        return rep.get(server, mode, n, runs)
 
     def ratio(a, b):
         return a.tok_per_s / b.tok_per_s if a and b else None

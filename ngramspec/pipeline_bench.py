@@ -183,11 +183,14 @@ def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_
     return [order if i % 2 == 0 else order[::-1] for i in range(rounds)]
 
 
-def process_of(r: RunResult) -> str:
-    """The `Row.process` that produced r."""
-    if r.server == "ngramspec":
-        return "ngramspec"
-    return "llama-server:" + ("none" if r.mode in ("off", "prefill") else r.mode)
+def process_state(pid: int) -> str | None:
+    """The process's state letter from /proc/PID/stat ("R", "S", "T" stopped, ...);
+    None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def wait_stopped(pid: int, stopped: bool, timeout: float = 5.0) -> None:
@@ -195,12 +198,8 @@ def wait_stopped(pid: int, stopped: bool, timeout: float = 5.0) -> None:
     asynchronously. Returns at once where /proc cannot be read."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                state = f.read().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            return
-        if (state in "Tt") == stopped:
+        state = process_state(pid)
+        if state is None or (state in "Tt") == stopped:
             return
         time.sleep(0.002)
 
@@ -397,8 +396,11 @@ class PipelineReport:
     rounds: list[RunResult] = field(default_factory=list)
     check_rounds: dict[str, list[float]] = field(default_factory=dict)  # prompt tok/s per round
 
-    def get(self, server: str, mode: str, slots: int) -> RunResult | None:
-        return next((r for r in self.runs if (r.server, r.mode, r.slots) == (server, mode, slots)), None)
+    def get(self, server: str, mode: str, slots: int,
+            runs: Sequence[RunResult] | None = None) -> RunResult | None:
+        """server's run of mode at slots in `runs` (default: the medians)."""
+        return next((r for r in (self.runs if runs is None else runs)
+                     if (r.server, r.mode, r.slots) == (server, mode, slots)), None)
 
     def best_peer(self, slots: int, runs: Sequence[RunResult] | None = None) -> RunResult | None:
         peers = [r for r in (self.runs if runs is None else runs)
@@ -416,8 +418,7 @@ class PipelineReport:
         """Generation only: r's tokens after each document's first, per second of r's wall
         time less its server's prefill row's in `runs` (default: the medians; None: no
         prefill row)."""
-        pre = next((x for x in (self.runs if runs is None else runs)
-                    if (x.server, x.mode, x.slots) == (r.server, "prefill", r.slots)), None)
+        pre = self.get(r.server, "prefill", r.slots, runs)
         if pre is None or r.wall_s <= pre.wall_s:
             return None
         return (r.generated - pre.generated) / (r.wall_s - pre.wall_s)
@@ -455,7 +456,7 @@ def run_plan(plan: list[list[Row]], starters: dict[str, Callable[[], Started]],
     """Time every row of every round at `slots`, one process runnable at a time; each
     run goes to `rep.rounds`, each prompt check to `rep.checks` (round 0) and
     `rep.check_rounds`."""
-    index = 0
+    index, by_process = 0, {}  # process -> its runs so far (peak PSS is per process)
     with Servers(starters, plan) as servers:
         for i, rows in enumerate(plan):
             for row in rows:
@@ -466,11 +467,13 @@ def run_plan(plan: list[list[Row]], starters: dict[str, Callable[[], Started]],
                     rep.checks.setdefault(row.server, chk)
                     rep.check_rounds.setdefault(row.server, []).append(chk["prompt_per_second"])
                 else:
-                    mine = [r for r in rep.rounds if r.slots == slots and process_of(r) == row.process]
-                    off = next((r for r in rep.rounds if r.slots == slots and r.round == 0
-                                and (r.server, r.mode) == ("ngramspec", "off")), None)
-                    res = time_row(row, srv, docs, slots, n_predict, slots, mine, off)
-                    rep.rounds.append(replace(res, round=i))
+                    mine = by_process.setdefault(row.process, [])
+                    off = next((r for r in by_process.get("ngramspec", [])
+                                if (r.round, r.mode) == (0, "off")), None)
+                    res = replace(time_row(row, srv, docs, slots, n_predict, slots, mine, off),
+                                  round=i)
+                    mine.append(res)
+                    rep.rounds.append(res)
                 servers.pause(row.process, index)
                 index += 1
 

@@ -81,11 +81,6 @@ def test_schedule_alternates_servers_and_runs_later_rounds_backward():
         ("ngramspec", "off"), ("ngramspec", "prefill"), ("ngramspec", "auto"), ("ngramspec", "oracle")]
 
 
-def _state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch):
     """run_plan with stand-in servers (sleeping processes): while a row is timed its
@@ -107,7 +102,7 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
     seen = []
 
     def fake_row(row, srv, docs, slots, n_predict, clients, earlier, off):
-        states = {n: _state(p.pid) for n, p in procs.items() if p.poll() is None}
+        states = {n: PB.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
         seen.append((row.process, states))
         if row.mode == "oracle":
             assert off is not None and off.mode == "off" and off.round == 0
