@@ -17,8 +17,9 @@ next 1-3 tokens, and the script counts how many the model's greedy output accept
   the longest matching 1-4-gram;
 - both: lookup where it has an entry, recycling otherwise.
 
-Then it times the decodes a guess needs in this engine (a one-token step is the token
-plus a dummy row, rule U1; with g guesses it is 1 + g rows, all with logits) and prints
+Then it times the decodes a guess needs in this engine (a one-token step: the token, with
+a dummy row only where rule U1 still needs one; with g guesses 1 + g rows, all with
+logits) and prints
 the tokens per second each source would give at novel steps against plain decoding,
 and the break-even acceptance. One model process; nothing else may run.
 """
@@ -145,8 +146,8 @@ def accepted(guess: list[int], truth: list[int]) -> int:
 
 
 def time_shapes(engine, reps: int = 15) -> dict[int, float]:
-    """Median seconds of a step of 1 token + g guesses (g = 0: the U1 dummy row), all
-    rows with logits, at ~300 cells."""
+    """Median seconds of a step of 1 token + g guesses (g = 0: a plain step, padded only
+    where rule U1 still applies), all rows with logits, at ~300 cells."""
     ctx, rng = engine.ctx, np.random.default_rng(0)
     base = rng.integers(1000, 20000, 300).tolist()
     ctx.clear(0)
@@ -167,15 +168,29 @@ def time_shapes(engine, reps: int = 15) -> dict[int, float]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def documents_run(description: str):
+    """The command line these replay scripts share (-n, --docs, -t, --json-out), the
+    engine, and the held-out documents in the bench's order."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("-n", type=int, default=160)
     ap.add_argument("--docs", type=int, default=12)
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--json-out", default=None)
     a = ap.parse_args()
     engine = load_engine(EngineSettings(n_ctx=4096, threads=a.threads))
-    docs = interleave(documents())[:a.docs]
+    return a, engine, interleave(documents())[:a.docs]
+
+
+def emit(report: dict, json_out: str | None) -> int:
+    """Print the report as JSON (and write it to json_out); the exit status."""
+    print(json.dumps(report, indent=1))
+    if json_out:
+        Path(json_out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def main() -> int:
+    a, engine, docs = documents_run(__doc__.split("\n")[0])
     sources = {"recycling": Recycling(), "lookup": Lookup()}
     pops = ("novel", "one-token")  # no draft; no draft or a draft wrong at its first token
     hits = {(p, s): np.zeros(MAX_GUESS + 1) for p in pops for s in (*sources, "both")}
@@ -218,10 +233,7 @@ def main() -> int:
                                 "speed_vs_plain": round((n_pop + acc) / t_with * cost[0], 3)}
         report["sources"][f"{p}/{s}"] = row
     report["break_even_first_accept_1guess"] = round(cost[1] / cost[0] - 1, 3)
-    print(json.dumps(report, indent=1))
-    if a.json_out:
-        Path(a.json_out).write_text(json.dumps(report, indent=1))
-    return 0
+    return emit(report, a.json_out)
 
 
 if __name__ == "__main__":
