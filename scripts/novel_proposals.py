@@ -19,9 +19,8 @@ next 1-3 tokens, and the script counts how many the model's greedy output accept
 
 Then it times the decodes a guess needs in this engine (a one-token step: the token, with
 a dummy row only where rule U1 still needs one; with g guesses 1 + g rows, all with
-logits) and prints
-the tokens per second each source would give at novel steps against plain decoding,
-and the break-even acceptance. One model process; nothing else may run.
+logits) and prints the tokens per second each source would give at novel steps against
+plain decoding, and the break-even acceptance. One model process; nothing else may run.
 """
 from __future__ import annotations
 
