@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -69,32 +68,26 @@ def main() -> int:
     import httpx
 
     from ngramspec.pipeline_bench import load_documents, mode_body
-    from ngramspec.server.launch import free_port, get_health
+    from ngramspec.server.launch import start_server
 
-    port, out = free_port(), f"/tmp/decode_shapes_{os.getpid()}.json"
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", out, "--host", "127.0.0.1",
-                             "--port", str(port), "-np", str(a.slots), "-c",
-                             str(4096 * a.slots), "-t", "2", "--temp", "0"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    while get_health(url)[0] != 200:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited with {proc.returncode}")
-        time.sleep(0.2)
+    out = f"/tmp/decode_shapes_{os.getpid()}.json"
+    srv = start_server(["-np", str(a.slots), "-c", str(4096 * a.slots), "-t", "2", "--temp", "0"],
+                       timeout=900, entry=(__file__, "--serve", out))
     body = {"n_predict": a.n, "temperature": 0.0, "cache_prompt": False, **mode_body(a.mode)}
-    with httpx.Client(base_url=url, timeout=1800) as client:
-        client.post("/completion", json={**body, "prompt": "Hello"}).raise_for_status()
-        proc.send_signal(signal.SIGUSR1)  # the warm-up's decodes not counted
-        t0 = time.perf_counter()
-        with ThreadPoolExecutor(a.slots) as ex:
-            list(ex.map(lambda d: client.post("/completion", json={**body, "prompt": d.prompt})
-                        .raise_for_status(), load_documents(None)))
-        wall = time.perf_counter() - t0
-    proc.send_signal(signal.SIGUSR2)
-    while not Path(out).exists():
-        time.sleep(0.1)
-    proc.terminate()
-    proc.wait(60)
+    try:
+        with httpx.Client(base_url=srv.url, timeout=1800) as client:
+            client.post("/completion", json={**body, "prompt": "Hello"}).raise_for_status()
+            srv.proc.send_signal(signal.SIGUSR1)  # the warm-up's decodes not counted
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(a.slots) as ex:
+                list(ex.map(lambda d: client.post("/completion", json={**body, "prompt": d.prompt})
+                            .raise_for_status(), load_documents(None)))
+            wall = time.perf_counter() - t0
+        srv.proc.send_signal(signal.SIGUSR2)
+        while not Path(out).exists() and srv.proc.poll() is None:
+            time.sleep(0.1)
+    finally:
+        srv.stop()
     rows = sorted(json.loads(Path(out).read_text()), key=lambda r: -r[3])
     os.unlink(out)
     print(f"{a.slots} slots, {a.mode}: {wall:.1f} s; main-context decodes by shape")

@@ -11,6 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from typing import Sequence
 
 
 def status_kib(pid: int, key: str = "VmRSS") -> int:
@@ -127,14 +128,16 @@ def get_health(url: str, timeout: float = 2.0) -> tuple[int, dict | None]:
 
 
 def start_server(args: list[str], timeout: float = 120.0, env: dict | None = None,
-                 log_path: str | None = None) -> ServerProcess:
-    """Run `python -m ngramspec.server ARGS --port P` and wait until /health is 200."""
+                 log_path: str | None = None,
+                 entry: Sequence[str] = ("-m", "ngramspec.server")) -> ServerProcess:
+    """Run `python ENTRY --host 127.0.0.1 --port P ARGS` (ENTRY: the server module, or a
+    script that runs it) and wait until /health is 200."""
     port = free_port()
     log_path = log_path or f"/tmp/ngramspec-serve-{port}.log"
     full_env = dict(os.environ)
     full_env.update(env or {})
     logf = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ngramspec.server", "--host", "127.0.0.1",
+    proc = subprocess.Popen([sys.executable, *entry, "--host", "127.0.0.1",
                              "--port", str(port), *args], stdout=logf, stderr=subprocess.STDOUT,
                             env=full_env)
     logf.close()
