@@ -68,10 +68,12 @@ def _ggml():
 
 class OutputLayer:
     """The model's output weights (output.weight, else the tied token_embd.weight) as a
-    ggml tensor over the GGUF file's bytes; `__call__(h)` gives h's logits, one
-    vec_dot column per row of h."""
+    ggml tensor over the GGUF file's bytes; `__call__(h)` gives h's logits: one vec_dot
+    column per row of h (`per_column`), else one matmul of all rows, which takes
+    llama.cpp's own kernel for their count (tinyBLAS for 2+)."""
 
-    def __init__(self, model: Model, threads: int = 2, max_rows: int = 64):
+    def __init__(self, model: Model, threads: int = 2, max_rows: int = 64,
+                 per_column: bool = True):
         self.base, self.cpu = base, cpu = _ggml()
         g = base.gguf_init_from_file(str(model.path).encode(), _GgufInit(True, None))
         tid = base.gguf_find_tensor(g, b"output.weight")
@@ -87,13 +89,14 @@ class OutputLayer:
         C.c_void_p.from_address(self.w + DATA_OFF).value = self.file.ctypes.data + off
         self.name_off = base.ggml_get_name(self.w) - self.w
         self.buf = np.zeros(max_rows * (self.n_vocab + 2 * self.n_embd) * 4 + (8 << 20), np.uint8)
-        self.threads = threads
+        self.threads, self.per_column = threads, per_column
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
         base, k = self.base, h.shape[0]
         ctx = base.ggml_init(_Init(self.buf.nbytes, self.buf.ctypes.data, False))
         try:
-            x = base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, self.n_embd, 1, k)
+            x = (base.ggml_new_tensor_3d(ctx, GGML_TYPE_F32, self.n_embd, 1, k) if self.per_column
+                 else base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, self.n_embd, k))
             C.memmove(base.ggml_get_data(x), np.ascontiguousarray(h, np.float32).ctypes.data, h.size * 4)
             y = base.ggml_mul_mat(ctx, self.w, x)
             gf = base.ggml_new_graph(ctx)
@@ -125,8 +128,9 @@ class StopAtNorm:
         self.cb = cb
 
 
-def make_context(model: Model, n_seq: int, cb=None) -> Context:
-    """A plain (not batch-invariant) context of n_seq streams, with `cb` as cb_eval."""
+def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False) -> Context:
+    """A context of n_seq streams (batch-invariant as the engine's, or plain), with `cb`
+    as cb_eval."""
     lc = _llama()
     orig = lc.llama_context_default_params
 
@@ -138,7 +142,7 @@ def make_context(model: Model, n_seq: int, cb=None) -> Context:
     lc.llama_context_default_params = params
     try:
         return Context(model, ContextParams(n_ctx=2048 * n_seq, n_batch=512, n_seq_max=n_seq,
-                                            batch_invariant=False))
+                                            batch_invariant=invariant))
     finally:
         lc.llama_context_default_params = orig
 
