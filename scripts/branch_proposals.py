@@ -25,10 +25,8 @@ be right. One model process; nothing else may run.
 """
 from __future__ import annotations
 
-import statistics
 import sys
-import time
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -36,7 +34,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from novel_proposals import Recycling, accepted, documents_run, emit, greedy  # noqa: E402
+from novel_proposals import (Recycling, accepted, decode_seconds, documents_run,  # noqa: E402
+                             emit, greedy)
 from ngramspec.config import SpecConfig  # noqa: E402
 from ngramspec.drafters.chain import DrafterChain  # noqa: E402
 
@@ -119,25 +118,6 @@ def oracle_branch_hits(prompt: list[int], out: list[int], tops: list[list[int]],
     chain.end(0)
 
 
-def row_cost(engine, max_rows: int = MAX_DRAFT + 1, reps: int = 9) -> dict[int, float]:
-    """Median seconds of a decode of n rows (1..max_rows), all with logits, at 600 cells."""
-    ctx, rng = engine.ctx, np.random.default_rng(0)
-    base = rng.integers(1000, 20000, 600).tolist()
-    ctx.clear(0)
-    for p in range(0, 600, 60):
-        ctx.decode([(0, base[p:p + 60], p, False)])
-    out: dict[int, list[float]] = defaultdict(list)
-    for _ in range(reps):  # shapes alternated, so drift hits them alike
-        for n in range(1, max_rows + 1):
-            toks = rng.integers(1000, 20000, n).tolist()
-            t0 = time.perf_counter()
-            ctx.decode([(0, toks, 600, True)])
-            out[n].append(time.perf_counter() - t0)
-            ctx.truncate(0, 600)
-    ctx.clear(0)
-    return {n: statistics.median(v) for n, v in out.items()}
-
-
 def main() -> int:
     a, engine, docs = documents_run(__doc__.split("\n")[0])
     steps: dict[str, list[int]] = {p: [] for p in POLICIES}
@@ -149,7 +129,7 @@ def main() -> int:
             steps[p] += replay(p, prompt, out)
         oracle_branch_hits(prompt, out, tops, rec, tally)
         print(f"{doc.id}: done", file=sys.stderr)
-    cost = row_cost(engine)
+    cost = decode_seconds(engine, MAX_DRAFT + 1, 600, 9)
     big = max(cost)
     price = lambda n: cost[min(n, big)] + max(0, n - big) * (cost[big] - cost[big - 1])  # noqa: E731
     report = {"decode_ms": {n: round(s * 1e3, 2) for n, s in cost.items()},

@@ -144,27 +144,25 @@ def accepted(guess: list[int], truth: list[int]) -> int:
     return n
 
 
-def time_shapes(engine, reps: int = 15) -> dict[int, float]:
-    """Median seconds of a step of 1 token + g guesses (g = 0: a plain step, padded only
-    where rule U1 still applies), all rows with logits, at ~300 cells."""
+def decode_seconds(engine, max_rows: int, cells: int, reps: int) -> dict[int, float]:
+    """Median seconds of a decode of n rows (1..max_rows; padded only where rule U1 still
+    applies), every row with logits, after `cells` cells of stream 0; shapes alternated,
+    so the host's drift hits them alike."""
     ctx, rng = engine.ctx, np.random.default_rng(0)
-    base = rng.integers(1000, 20000, 300).tolist()
+    base = rng.integers(1000, 20000, cells).tolist()
     ctx.clear(0)
-    ctx.decode([(0, base[:63], 0, False)])
-    for p in range(63, 300, 63):
-        ctx.decode([(0, base[p:p + 63], p, False)])
-    out = {}
-    for g in range(MAX_GUESS + 1):
-        ts = []
-        for _ in range(reps):
-            toks = rng.integers(1000, 20000, 1 + g).tolist()
+    for p in range(0, cells, 60):
+        ctx.decode([(0, base[p:p + 60], p, False)])
+    out: dict[int, list[float]] = defaultdict(list)
+    for _ in range(reps):
+        for n in range(1, max_rows + 1):
+            toks = rng.integers(1000, 20000, n).tolist()
             t0 = time.perf_counter()
-            ctx.decode([(0, toks, 300, True)])
-            ts.append(time.perf_counter() - t0)
-            ctx.truncate(0, 300)
-        out[g] = statistics.median(ts)
+            ctx.decode([(0, toks, cells, True)])
+            out[n].append(time.perf_counter() - t0)
+            ctx.truncate(0, cells)
     ctx.clear(0)
-    return out
+    return {n: statistics.median(v) for n, v in out.items()}
 
 
 def documents_run(description: str):
@@ -216,7 +214,8 @@ def main() -> int:
         n_steps += len(out) - 1
         print(f"{doc.id}: {len(novel)} novel, {len(missed)} missed of {len(out) - 1}",
               file=sys.stderr)
-    cost = time_shapes(engine)
+    rows = decode_seconds(engine, 1 + MAX_GUESS, 300, 15)
+    cost = {g: rows[1 + g] for g in range(MAX_GUESS + 1)}  # 1 token + g guesses
     report = {"docs": len(docs), "n_predict": a.n, "steps": n_steps, "population_steps": size,
               "step_ms": {g: round(s * 1e3, 2) for g, s in cost.items()}, "sources": {}}
     for (p, s), h in hits.items():
