@@ -4,10 +4,11 @@
     python scripts/decode_shapes.py --slots 4 [--mode off] [-n 160]
 
 Serves the embedded model with `-np SLOTS` in a child process whose main-context
-decodes are counted by shape (sequences in the decode, the ubatches llama.cpp splits it
-into per `ubatch.split`, and the idle sequence ids between its lowest and highest), then
-sends the held-out documents from SLOTS clients as `bench --parallel` does and prints
-the counts. With one KV stream per slot, a decode whose sequences are not consecutive ids
+decodes are counted and timed by shape (sequences in the decode, the ubatches llama.cpp
+splits it into per `ubatch.split`, and the idle sequence ids between its lowest and
+highest; the prefill twin's prompt chunks on a line of their own), then sends the
+held-out documents from SLOTS clients as `bench --parallel` does and prints the counts,
+seconds and tokens. With one KV stream per slot, a decode whose sequences are not consecutive ids
 runs as one ubatch per run of consecutive ids, each a graph that streams the weights
 again: this measures how often that happens (a dummy row in each idle slot would join
 the runs). One model process; nothing else may run.
@@ -20,7 +21,6 @@ import os
 import signal
 import sys
 import time
-from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -34,19 +34,27 @@ def serve_counting(out_path: str, server_args: list[str]) -> None:
 
     from ngramspec import model, ubatch
 
-    shapes: Counter = Counter()
+    shapes: dict[tuple, list] = {}  # shape -> [decodes, seconds, tokens]
     run_rows = model.Context.run_rows
 
     def counted(self, entries, pads, pad_logits=None):
-        if self.twin is not None:  # the main context (the twin is the prefill's)
+        t0 = time.perf_counter()
+        rows = run_rows(self, entries, pads, pad_logits)
+        seconds = time.perf_counter() - t0
+        key: tuple = ("prefill twin", 0, 0, 0)  # a context without a twin: the twin itself
+        if self.twin is not None:  # the main context
             lens = [(s, len(t) + pads.get(s, 0)) for s, t, _, _ in entries]
             ids = [s for s, _ in lens]
             n_ub = len(ubatch.split(lens, self.n_ubatch, self.per_seq_streams))
-            shapes[len(ids), n_ub, max(ids) - min(ids) + 1 - len(ids)] += 1
-        return run_rows(self, entries, pads, pad_logits)
+            key = ("main", len(ids), n_ub, max(ids) - min(ids) + 1 - len(ids))
+        tally = shapes.setdefault(key, [0, 0.0, 0])
+        tally[0] += 1
+        tally[1] += seconds
+        tally[2] += sum(len(t) for _, t, _, _ in entries)
+        return rows
 
     def dump(*_):
-        Path(out_path + ".part").write_text(json.dumps([[*k, v] for k, v in shapes.items()]))
+        Path(out_path + ".part").write_text(json.dumps([[*k, *v] for k, v in shapes.items()]))
         os.replace(out_path + ".part", out_path)  # whole when the client sees it
 
     model.Context.run_rows = counted
@@ -88,12 +96,17 @@ def main() -> int:
             time.sleep(0.1)
     finally:
         srv.stop()
-    rows = sorted(json.loads(Path(out).read_text()), key=lambda r: -r[3])
+    rows = sorted(json.loads(Path(out).read_text()), key=lambda r: (r[0], -r[4]))
     os.unlink(out)
-    print(f"{a.slots} slots, {a.mode}: {wall:.1f} s; main-context decodes by shape")
-    print(f"{'sequences':>10} {'ubatches':>9} {'idle ids inside':>16} {'decodes':>8}")
-    for n_seq, n_ub, gaps, count in rows:
-        print(f"{n_seq:10d} {n_ub:9d} {gaps:16d} {count:8d}")
+    print(f"{a.slots} slots, {a.mode}: {wall:.1f} s; decodes by shape")
+    print(f"{'context':>12} {'sequences':>10} {'ubatches':>9} {'idle ids inside':>16} "
+          f"{'decodes':>8} {'seconds':>8} {'tokens':>7}")
+    for ctx, n_seq, n_ub, gaps, count, seconds, tokens in rows:
+        print(f"{ctx:>12} {n_seq:10d} {n_ub:9d} {gaps:16d} {count:8d} {seconds:8.2f} {tokens:7d}")
+    for ctx in ("main", "prefill twin"):
+        mine = [r for r in rows if r[0] == ctx]
+        print(f"{ctx}: {sum(r[4] for r in mine)} decodes, {sum(r[5] for r in mine):.2f} s, "
+              f"{sum(r[6] for r in mine)} tokens")
     return 0
 
 
