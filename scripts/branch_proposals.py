@@ -72,24 +72,37 @@ def choose(policy: str, found: list, truth: list[int]) -> tuple[int, int, int]:
     return k, rows, acc[k]
 
 
-def replay(policy: str, prompt: list[int], out: list[int]) -> list[int]:
-    """One document's steps under `policy`; the rows each step's decode holds (the
-    step's token + the verified draft rows)."""
+def replay(policy: str, prompt: list[int], out: list[int],
+           tops: list[list[int]] | None = None) -> list[tuple[int, int, str]]:
+    """One document's steps under `policy`, as (rows the step's decode holds: its token +
+    the verified draft rows, draft tokens accepted, kind). Kind "draft" where a drafter
+    proposes; where none does, with `tops` (each output token's step top-k), "guess": a
+    one-token guess, token recycling's top candidate after the last token from the rows
+    verified so far; else "none"."""
     chain = DrafterChain(SpecConfig(types=("auto",)))
     chain.begin(0, np.array(prompt, dtype=np.int32))
-    rows, i = [], 0
+    rec, steps, i = Recycling(), [], 0
     while i < len(out) - 1:
         hist = np.array(prompt + out[:i], dtype=np.int32)
         found = chain.propose(0, hist, out[i], MAX_DRAFT, first_only=False)
-        n_a, n_rows = 0, 0
+        truth = out[i + 1:i + 1 + MAX_DRAFT]
         if found:
-            k, n_rows, n_a = choose(policy, found, out[i + 1:i + 1 + MAX_DRAFT])
+            k, n_rows, n_a = choose(policy, found, truth)
             chain.commit(0, *found[k])
             chain.accept(0, n_a)
-        rows.append(1 + n_rows)
+            steps.append((1 + n_rows, n_a, "draft"))
+        elif tops is not None and out[i] in rec.adj:
+            n_a = accepted(rec.adj[out[i]][:1], truth)
+            steps.append((2, n_a, "guess"))
+        else:
+            n_a = 0
+            steps.append((1, 0, "none"))
+        if tops is not None:
+            for j in range(i, min(i + n_a + 1, len(out))):  # the rows this step computed
+                rec.observe(out[j], tops[j])
         i += n_a + 1
     chain.end(0)
-    return rows
+    return steps
 
 
 def oracle_branch_hits(prompt: list[int], out: list[int], tops: list[list[int]],
@@ -126,7 +139,7 @@ def main() -> int:
     for doc in docs:
         prompt, out, tops = greedy(engine, doc.prompt, a.n)
         for p in POLICIES:
-            steps[p] += replay(p, prompt, out)
+            steps[p] += [rows for rows, _, _ in replay(p, prompt, out)]
         oracle_branch_hits(prompt, out, tops, rec, tally)
         print(f"{doc.id}: done", file=sys.stderr)
     cost = decode_seconds(engine, MAX_DRAFT + 1, 600, 9)

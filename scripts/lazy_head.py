@@ -39,12 +39,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from novel_proposals import Recycling, accepted, documents_run, emit, greedy  # noqa: E402
+from branch_proposals import MAX_DRAFT, replay  # noqa: E402
+from novel_proposals import documents_run, emit, greedy  # noqa: E402
 from output_layer_cost import OutputLayer, StopAtNorm, make_context  # noqa: E402
-from ngramspec.config import SpecConfig  # noqa: E402
-from ngramspec.drafters.chain import DrafterChain  # noqa: E402
-
-MAX_DRAFT = 16
 CELLS = 600
 
 
@@ -104,36 +101,6 @@ def cost_tables(model, reps: int = 7, n_max: int = MAX_DRAFT + 1) -> dict:
             **{k: {n: statistics.median(v) for n, v in d.items()} for k, d in t.items()}}
 
 
-def replay(prompt: list[int], out: list[int], tops: list[list[int]],
-           guess: bool) -> list[tuple[int, int, str]]:
-    """One document's steps as (rows verified, draft tokens accepted, kind): the chain's
-    first draft, else (with `guess`) recycling's top candidate after the last token."""
-    chain = DrafterChain(SpecConfig(types=("auto",)))
-    chain.begin(0, np.array(prompt, dtype=np.int32))
-    rec, steps, i = Recycling(), [], 0
-    while i < len(out) - 1:
-        hist = np.array(prompt + out[:i], dtype=np.int32)
-        found = chain.propose(0, hist, out[i], MAX_DRAFT, first_only=True)
-        truth = out[i + 1:i + 1 + MAX_DRAFT]
-        if found:
-            draft = found[0][1].tolist()
-            n_a = accepted(draft, truth)
-            chain.commit(0, *found[0])
-            chain.accept(0, n_a)
-            steps.append((1 + len(draft), n_a, "draft"))
-        elif guess and out[i] in rec.adj:
-            n_a = accepted(rec.adj[out[i]][:1], truth)
-            steps.append((2, n_a, "guess"))
-        else:
-            n_a = 0
-            steps.append((1, 0, "none"))
-        for k in range(i, min(i + n_a + 1, len(out))):  # the rows this step computed
-            rec.observe(out[k], tops[k])
-        i += n_a + 1
-    chain.end(0)
-    return steps
-
-
 def lazy_seconds(rows: int, n_acc: int, tab: dict, ideal: bool = False) -> float:
     """A step of `rows` rows, n_acc draft tokens accepted: the stopped decode, then the
     output layer on row 0 and, while needed, on the rest in even chunks (`ideal`: on
@@ -161,7 +128,8 @@ def main() -> int:
                     **{f"{k}_ms": {n: round(v * 1e3, 1) for n, v in tab[k].items()}
                        for k in ("full", "full_cb", "stopped", "head")}, "policies": {}}
     for guess in (False, True):
-        steps = [s for run in runs for s in replay(*run, guess)]
+        steps = [s for prompt, out, tops in runs
+                 for s in replay("first", prompt, out, tops if guess else None)]
         kinds: Counter = Counter()
         for _, n_acc, kind in steps:
             kinds[kind] += 1
