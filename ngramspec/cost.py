@@ -449,6 +449,13 @@ def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], flo
     return measure
 
 
+def own_head_active(ctx) -> bool:
+    """Whether the context's decodes of 2+ logit rows take our output layer (own_head.py),
+    which costs them differently."""
+    head = getattr(ctx, "head", None)
+    return bool(head is not None and head.active)
+
+
 def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
     """The decode-cost model of a context (`model.Context`): its model file, layout and
     thread count (cached; `load_or_calibrate`), with the time it took. Decodes nothing
@@ -460,7 +467,8 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     kv = (ctx.params.type_k, ctx.params.type_v)
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
-           + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}"))
+           + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
+           + (":head=own" if own_head_active(ctx) else ""))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import allocator, gguf_types, ref_attention, ubatch
+from . import allocator, gguf_types, own_head, ref_attention, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -69,6 +69,8 @@ MAX_INVARIANT_BATCH = 63
 #: Prompt chunks are evaluated with at least this many rows (padded), so every prompt
 #: token takes the tiled attention path whatever the chunking (docs/exactness.md).
 TILED_PREFILL_MIN = 64
+#: tokens of the decode that checks our output layer against llama.cpp's (own_head.Hook.verify)
+HEAD_CHECK_TOKENS = 5
 
 
 def swa_span(lc, model_ptr, n_ctx_seq: int, n_ubatch: int, swa_full: bool) -> int | None:
@@ -368,6 +370,9 @@ class ContextParams:
     # flash attention's reference path in generation decodes (ref_attention.py), so a
     # lone token needs no padding row; batch-invariant contexts only
     reference_attention: bool = True
+    # generation decodes with 2+ logit rows take ngramspec's output layer (own_head.py),
+    # where it is bit-identical to llama.cpp's; batch-invariant contexts only
+    own_head: bool = True
 
 
 class Context:
@@ -398,6 +403,7 @@ class Context:
         free = params.kv_unified is not None and not params.batch_invariant
         cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
+        self.head = self._hook_head(lc, model, params, cp)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelError(f"llama.cpp could not create a context of {params.n_ctx} tokens "
@@ -427,6 +433,21 @@ class Context:
         self.twin = twin if self.tiled_prefill else None
         if twin is not None and self.twin is None:
             twin.close()
+        if self.head is not None and self.n_batch >= HEAD_CHECK_TOKENS and self.head.verify(
+                self, [(1000 + 37 * i) % self.n_vocab for i in range(HEAD_CHECK_TOKENS)]):
+            self.logit_quantum = 1  # our output layer has no sgemm passes to fill
+
+    @staticmethod
+    def _hook_head(lc, model: Model, params: ContextParams, cp) -> "own_head.Hook | None":
+        """Our output layer's eval callback, put into llama_context_params `cp` where the
+        context may use it (checked by `Hook.verify` once the context exists)."""
+        if not (params.batch_invariant and params.own_head):
+            return None
+        head = own_head.Hook.create(lc.llama_model_n_embd(model.ptr), params.n_batch,
+                                    params.n_threads)
+        if head is not None:
+            head.install(cp)
+        return head
 
     @property
     def cost_layout(self) -> dict:
@@ -542,12 +563,22 @@ class Context:
                 i += 1
             rows.append(mine)
         b.n_tokens = i
+        armed = self.head is not None and self.head.active and sum(b.logits[j] for j in range(i)) >= 2
+        if self.head is not None:
+            self.head.arm(armed)
         if self.swa_span is not None:
             for seq_id, tokens, pos0, _ in entries:
                 self.keep_window_ordered(seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
+            if self.head is not None:
+                self.head.arm(False)
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
+        if armed:
+            lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
+            order = own_head.output_order(lengths, [bool(b.logits[j]) for j in range(i)],
+                                          self.n_ubatch, self.per_seq_streams)
+            self.head.fill(self, order, {j for r in rows for j in r})
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))

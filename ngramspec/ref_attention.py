@@ -35,10 +35,10 @@ Invariant: `enable` returns a backend only after it has set the flag on the back
 from __future__ import annotations
 
 import ctypes
-import sys
 from contextlib import contextmanager
 from functools import cache
 
+from .loaded_libs import loaded
 from .ubatch import f16_attention
 
 #: how far before `abort_callback_data` the search looks for `backend_cpu` (bytes)
@@ -60,14 +60,10 @@ def wanted(type_k: str, type_v: str, arch: str) -> bool:
 @cache
 def _libggml_cpu() -> ctypes.CDLL | None:
     """The libggml-cpu that llama.cpp loaded (the same copy: its mapped path), or None."""
-    if not sys.platform.startswith("linux"):
-        return None
-    with open("/proc/self/maps") as f:
-        paths = {line.split()[-1] for line in f if "/libggml-cpu.so" in line}
-    if len(paths) != 1:
+    lib = loaded("ggml-cpu")
+    if lib is None:
         return None
     try:
-        lib = ctypes.CDLL(paths.pop())
         lib.ggml_backend_cpu_init.restype = ctypes.c_void_p
         lib.ggml_backend_cpu_init.argtypes = []
         lib.ggml_backend_cpu_set_use_ref.restype = None

@@ -175,6 +175,7 @@ class PrefillTwin:
         self.cap = per_slot + GEMM_ROWS
         self._params = replace(params, n_seq_max=1,
                                reference_attention=False,  # prompts: the tiled path
+                               own_head=False,  # no logits here, no output layer read
                                swa_full=True)  # every prompt cell, for prefix hits
         start = max(TWIN_START_CELLS, params.n_batch + GEMM_ROWS)
         self.ctx = Context(model, replace(self._params, n_ctx=min(self.cap, start)))

@@ -14,18 +14,20 @@ measures, on the embedded model (docs/benchmarks.md, "Where the time goes"):
 3. decodes of several streams x tokens, every row with logits: llama.cpp's output layer
    against "stop at result_norm + our own".
 
-Diagnostic only: nothing in ngramspec uses this path. Run alone on a quiet machine:
+Diagnostic: ggml's own kernels run outside llama.cpp's graph. ngramspec's output layer is
+its own kernel (ngramspec/own_head.py, measured by scripts/own_head_cost.py); the
+contexts here do not use it. Run alone on a quiet machine:
     .venv/bin/python scripts/output_layer_cost.py
 """
 from __future__ import annotations
 
 import ctypes as C
-import os
 import statistics
 import time
 
 import numpy as np
 
+from ngramspec.loaded_libs import loaded
 from ngramspec.model import Context, ContextParams, Model, _llama
 from ngramspec.pipeline_bench import long_text
 
@@ -43,11 +45,9 @@ class _GgufInit(C.Structure):
 
 
 def _ggml():
-    """ctypes handles on llama-cpp-python's libggml-base and libggml-cpu."""
-    import llama_cpp
-
-    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
-    base, cpu = C.CDLL(os.path.join(lib, "libggml-base.so")), C.CDLL(os.path.join(lib, "libggml-cpu.so"))
+    """ctypes handles on the libggml-base and libggml-cpu llama.cpp loaded (the same
+    copies; loaded_libs.py)."""
+    base, cpu = loaded("ggml-base"), loaded("ggml-cpu")
     p, i64, sz = C.c_void_p, C.c_int64, C.c_size_t
     for name, res, args in [
             ("ggml_init", p, [_Init]), ("ggml_free", None, [p]),
@@ -142,7 +142,7 @@ def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False) -> 
     lc.llama_context_default_params = params
     try:
         return Context(model, ContextParams(n_ctx=2048 * n_seq, n_batch=512, n_seq_max=n_seq,
-                                            batch_invariant=invariant))
+                                            batch_invariant=invariant, own_head=False))
     finally:
         lc.llama_context_default_params = orig
 

@@ -1,0 +1,269 @@
+"""The output layer of generation decodes, computed by ngramspec, bit-identical to llama.cpp's.
+
+Gemma 3's output layer (262,144 x 640, Q8_0) is over half of a one-token decode.
+llama.cpp evaluates several logit rows through llamafile's tinyBLAS, whose passes
+over the matrix cost about one column's time each for every two columns on AVX2. Our
+kernel (`native/q8_head.c`) reads each weight row once for up to 4 columns and
+computes every column in the exact arithmetic order of ggml's `vec_dot_q8_0_q8_0`, so
+2 / 4 / 8 logit rows cost ~12 / 16 / 30 ms instead of ~21 / 28 / 42 ms
+(docs/benchmarks.md, "An output layer of our own").
+
+How a decode uses it (`Context.run_rows`, decodes with 2+ logit rows): the context's
+eval callback (llama.cpp's public `cb_eval`, a C function in the same library) ends
+the graph after `result_norm`, the last node before the output matmul (every KV write
+comes earlier), keeping its rows; this module then writes each wanted row's logits
+into llama.cpp's own logits buffer (`llama_get_logits_ith`), so samplers and
+`logits_at` read them as if llama.cpp had computed them.
+
+Invariants:
+- used only where a start-up check (`Hook.verify`) found our rows bit-identical to
+  llama.cpp's on this CPU, model and build; otherwise every decode is llama.cpp's;
+- used only when the output matmul over `result_norm` is the graph's
+  `result_output` (no logit soft-capping after it) and its weight is a plain Q8_0
+  matrix;
+- rows are matched to batch indices in llama.cpp's output order: ubatch by ubatch
+  (`ubatch.split`), within a ubatch sequence by sequence, as `llama_batch_allocr`
+  orders them.
+Set NGRAMSPEC_OWN_HEAD=0 to turn it off.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import hashlib
+import os
+import platform
+import subprocess
+import tempfile
+import threading
+from functools import cache
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from . import ubatch
+from .loaded_libs import loaded
+from .paths import cache_dir
+
+SOURCE = Path(__file__).with_name("native") / "q8_head.c"
+GGML_TYPE_Q8_0 = 8
+QK8_0 = 32
+_BUILD_LOCK = threading.Lock()
+
+
+class _Hook(C.Structure):
+    """native/q8_head.c's hook_t, field by field."""
+    _fields_ = [("name_off", C.c_int64), ("data_off", C.c_int64), ("ne_off", C.c_int64),
+                ("nb_off", C.c_int64), ("op_off", C.c_int64), ("src_off", C.c_int64),
+                ("type_off", C.c_int64), ("op_mul_mat", C.c_int32), ("stop", C.c_int32),
+                ("rows", C.c_void_p), ("cap", C.c_int64), ("n_rows", C.c_int64),
+                ("overflow", C.c_int32), ("norm", C.c_void_p), ("head", C.c_void_p),
+                ("head_is_output", C.c_int32)]
+
+
+class _TypeTraitsCpu(C.Structure):
+    _fields_ = [("from_float", C.c_void_p), ("vec_dot", C.c_void_p),
+                ("vec_dot_type", C.c_int), ("nrows", C.c_int64)]
+
+
+def wanted() -> bool:
+    """Whether this machine can run the kernel at all: x86-64 with AVX2, FMA and F16C,
+    and not turned off (NGRAMSPEC_OWN_HEAD=0)."""
+    if os.environ.get("NGRAMSPEC_OWN_HEAD", "1") == "0":
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return False
+    return {"avx2", "fma", "f16c"} <= set(flags)
+
+
+@cache
+def library() -> C.CDLL | None:
+    """The compiled kernel (built once per source version into the cache folder with
+    the system's C compiler, for this CPU), or None where it cannot be built."""
+    if not wanted():
+        return None
+    src = SOURCE.read_bytes()
+    cc = os.environ.get("CC", "cc")
+    tag = hashlib.sha256(src + cc.encode() + platform.machine().encode()).hexdigest()[:16]
+    out = cache_dir() / "native" / f"q8_head-{tag}.so"
+    with _BUILD_LOCK:
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+            os.close(fd)
+            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                   "-o", tmp, str(SOURCE)]
+            try:
+                subprocess.run(cmd, check=True, capture_output=True, timeout=120)
+                os.replace(tmp, out)
+            except (OSError, subprocess.SubprocessError):
+                Path(tmp).unlink(missing_ok=True)
+                return None
+    lib = C.CDLL(str(out))
+    lib.ngs_q8_0_head.restype = C.c_int
+    lib.ngs_q8_0_head.argtypes = [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p, C.c_int64,
+                                  C.c_void_p, C.c_int, C.c_void_p, C.c_int, C.c_void_p]
+    return lib
+
+
+@cache
+def _ggml() -> tuple[C.CDLL, int, int] | None:
+    """(libggml-base, GGML_OP_MUL_MAT, the CPU backend's Q8_0 quantizer `from_float`), from
+    the copies llama.cpp loaded; None where they cannot be found."""
+    base, cpu = loaded("ggml-base"), loaded("ggml-cpu")
+    if base is None or cpu is None:
+        return None
+    base.ggml_op_name.restype, base.ggml_op_name.argtypes = C.c_char_p, [C.c_int]
+    base.ggml_get_name.restype, base.ggml_get_name.argtypes = C.c_void_p, [C.c_void_p]
+    op = next(i for i in range(200) if base.ggml_op_name(i) == b"MUL_MAT")
+    cpu.ggml_get_type_traits_cpu.restype = C.POINTER(_TypeTraitsCpu)
+    cpu.ggml_get_type_traits_cpu.argtypes = [C.c_int]
+    return base, op, cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_0).contents.from_float
+
+
+@cache
+def _tensor_offsets() -> dict[str, int] | None:
+    """Field offsets of struct ggml_tensor (ggml.h) on this build, checked on a tensor
+    made here (name through ggml_get_name, the rest from the header's layout); None if
+    the build lays it out otherwise."""
+    base = _ggml()[0]
+
+    class Init(C.Structure):
+        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+    base.ggml_init.restype, base.ggml_init.argtypes = C.c_void_p, [Init]
+    base.ggml_new_tensor_2d.restype = C.c_void_p
+    base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
+    base.ggml_free.argtypes = [C.c_void_p]
+    ctx = base.ggml_init(Init(1 << 16, None, True))
+    try:
+        t = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 3)
+        off = {"type": 0, "ne": 16, "nb": 48, "op": 80, "src": 152, "data": 248,
+               "name": base.ggml_get_name(t) - t}
+        ne = [C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in range(2)]
+        nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
+        same = (off["name"] == 256 and ne == [64, 3] and nb1 == 68
+                and C.c_int.from_address(t + off["type"]).value == GGML_TYPE_Q8_0)
+        return off if same else None
+    finally:
+        base.ggml_free(ctx)
+
+
+class Hook:
+    """A context's eval callback and the output layer it hands rows to.
+
+    `create` gives one where the kernel and llama.cpp's libraries can be had;
+    `install(params)` puts the C callback into llama_context_params before the context
+    is created; `verify(ctx)` (once, on an empty context) finds the output weight and
+    checks our rows against llama.cpp's; `active` says whether decodes use it."""
+
+    @classmethod
+    def create(cls, n_embd: int, max_rows: int, n_threads: int) -> "Hook | None":
+        lib = library()
+        if lib is None or _ggml() is None or _tensor_offsets() is None:
+            return None
+        return cls(lib, n_embd, max_rows, n_threads)
+
+    def __init__(self, lib: C.CDLL, n_embd: int, max_rows: int, n_threads: int):
+        base, op, self.from_float = _ggml()
+        off = _tensor_offsets()
+        self.lib, self.n_embd, self.n_threads = lib, n_embd, n_threads
+        self.rows = np.zeros((max_rows, n_embd), np.float32)
+        self.hook = _Hook(name_off=off["name"], data_off=off["data"], ne_off=off["ne"],
+                          nb_off=off["nb"], op_off=off["op"], src_off=off["src"],
+                          type_off=off["type"], op_mul_mat=op, rows=self.rows.ctypes.data,
+                          cap=self.rows.size)
+        self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
+        self.weight: tuple[int, int] | None = None  # (data pointer, rows)
+        self.active = False
+
+    def install(self, cparams) -> None:
+        import llama_cpp
+
+        cparams.cb_eval = C.cast(self.cb, llama_cpp.ggml_backend_sched_eval_callback)
+        cparams.cb_eval_user_data = C.cast(C.pointer(self.hook), C.c_void_p)
+
+    def _find_weight(self) -> tuple[int, int] | None:
+        """The output layer's weight as (data, rows) if it is a plain contiguous Q8_0
+        matrix multiplied into `result_output` itself, else None."""
+        off, h = _tensor_offsets(), self.hook
+        if not h.head or not h.head_is_output:
+            return None
+        t = h.head
+        if C.c_int.from_address(t + off["type"]).value != GGML_TYPE_Q8_0:
+            return None
+        ne0, ne1 = (C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in (0, 1))
+        nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
+        data = C.c_void_p.from_address(t + off["data"]).value
+        if ne0 != self.n_embd or ne0 % QK8_0 or nb1 != ne0 // QK8_0 * 34 or not data:
+            return None
+        return data, ne1
+
+    def arm(self, on: bool) -> None:
+        """Before a decode: end its graph at result_norm (on) or run it whole."""
+        self.hook.stop, self.hook.n_rows, self.hook.overflow = int(on), 0, 0
+
+    def fill(self, ctx, order: Sequence[int], wanted: set[int]) -> None:
+        """After an armed decode: the logits of the batch indices in `wanted`, written
+        into llama.cpp's buffer. `order`: the batch index of each result_norm row, in
+        the order llama.cpp evaluated them."""
+        import llama_cpp
+
+        h = self.hook
+        h.stop = 0
+        if h.overflow or h.n_rows != len(order):
+            raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
+                               f"logit rows (overflow={h.overflow})")
+        which = [j for j, i in enumerate(order) if i in wanted]
+        if not which:
+            return
+        w, n_vocab = self.weight
+        idx = (C.c_int32 * len(which))(*which)
+        out = (C.c_void_p * len(which))(*[
+            C.cast(llama_cpp.llama_get_logits_ith(ctx.ptr, order[j]), C.c_void_p).value
+            for j in which])
+        rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, self.rows.ctypes.data, self.n_embd,
+                                    idx, len(which), out, self.n_threads, self.from_float)
+        if rc != 0:
+            raise MemoryError("the output layer could not allocate its quantized columns")
+
+    def verify(self, ctx, tokens: Sequence[int]) -> bool:
+        """On an empty context: decode `tokens` (5 or more, all logits) in sequence 0 with
+        llama.cpp's output layer, then again with ours, and turn ours on if the weight
+        qualifies and every row is bit-identical. Leaves sequence 0 empty."""
+        lc_rows = ctx.run_rows([(0, tokens, 0, True)], {})[0]
+        theirs = np.stack([ctx.logits_at(i).copy() for i in lc_rows])
+        ctx.truncate(0, 0)
+        self.weight = self._find_weight()
+        if self.weight is not None:
+            self.active = True
+            try:
+                ours = np.stack([ctx.logits_at(i).copy()
+                                 for i in ctx.run_rows([(0, tokens, 0, True)], {})[0]])
+            finally:
+                ctx.truncate(0, 0)
+            self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
+        return self.active
+
+
+def output_order(lengths: Sequence[tuple[int, int]], logits: Sequence[bool], n_ubatch: int,
+                 per_seq_streams: bool) -> list[int]:
+    """The batch indices of the rows with logits, in the order llama.cpp evaluates them:
+    ubatch after ubatch (`ubatch.split` of the batch's (seq_id, tokens) entries, laid out
+    entry after entry), within a ubatch entry by entry, each entry's tokens in order."""
+    start, cursor = {}, {}
+    at = 0
+    for seq_id, n in lengths:
+        start[seq_id], cursor[seq_id] = at, 0
+        at += n
+    order = []
+    for ub in ubatch.split(lengths, n_ubatch, per_seq_streams):
+        for seq_id, n in ub.take:
+            first = start[seq_id] + cursor[seq_id]
+            order.extend(i for i in range(first, first + n) if logits[i])
+            cursor[seq_id] += n
+    return order

@@ -1,0 +1,80 @@
+#!/usr/bin/env python
+"""What our output layer (ngramspec/own_head.py) saves, decode shape by decode shape.
+
+    .venv/bin/python scripts/own_head_cost.py [--reps 15] [--cells 600]
+
+Two generation contexts of the embedded model in one process, as the engine makes them
+(batch-invariant, 8 KV streams of `cells` cells), one with our output layer and one with
+llama.cpp's; each decode shape (streams x tokens, every row with logits) is timed on
+both, alternated, and the logits compared bit for bit. One model process; nothing else
+may run (docs/benchmarks.md, "An output layer of our own").
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ngramspec.model import Context, ContextParams, Model  # noqa: E402
+
+STREAMS = 8
+SHAPES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (4, 2), (8, 1), (1, 8), (2, 8), (1, 16), (4, 4)]
+
+
+def filled(model: Model, own: bool, cells: int) -> Context:
+    """A context of STREAMS streams of `cells` cells each (the same tokens every call)."""
+    rng = np.random.default_rng(1)
+    ctx = Context(model, ContextParams(n_ctx=2048 * STREAMS, n_seq_max=STREAMS, own_head=own))
+    if own and not (ctx.head is not None and ctx.head.active):
+        raise SystemExit("our output layer is not available here (own_head.py says why)")
+    for s in range(STREAMS):
+        toks = rng.integers(1000, 20000, cells).tolist()
+        for p in range(0, cells, 60):
+            ctx.decode([(s, toks[p:p + 60], p, False)])
+    return ctx
+
+
+def step(ctx: Context, shape, toks, cells: int) -> tuple[float, np.ndarray]:
+    n_seq, per = shape
+    t0 = time.perf_counter()
+    rows = ctx.decode([(s, toks[s][:per], cells, True) for s in range(n_seq)])
+    dt = time.perf_counter() - t0
+    logits = np.stack([ctx.logits_at(i) for r in rows for i in r])
+    for s in range(n_seq):
+        ctx.truncate(s, cells)
+    return dt, logits
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--cells", type=int, default=600)
+    a = ap.parse_args()
+    rng = np.random.default_rng(0)
+    model = Model(use_extra_bufts=False)
+    ctxs = {"llama.cpp": filled(model, False, a.cells), "own": filled(model, True, a.cells)}
+    print(f"{'streams x tokens':>16} {'llama.cpp ms':>13} {'own ms':>8} {'ratio':>6}  identical")
+    for shape in SHAPES:
+        times: dict[str, list[float]] = {k: [] for k in ctxs}
+        same = True
+        for _ in range(a.reps):
+            toks = [rng.integers(1000, 20000, shape[1]).tolist() for _ in range(shape[0])]
+            got = {}
+            for label, ctx in ctxs.items():
+                dt, got[label] = step(ctx, shape, toks, a.cells)
+                times[label].append(dt)
+            same &= np.array_equal(got["own"].view(np.uint32), got["llama.cpp"].view(np.uint32))
+        m = {k: 1e3 * statistics.median(v) for k, v in times.items()}
+        print(f"{shape[0]:>9} x {shape[1]:<4} {m['llama.cpp']:>13.1f} {m['own']:>8.1f} "
+              f"{m['own'] / m['llama.cpp']:>6.2f}  {same}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

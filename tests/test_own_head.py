@@ -1,0 +1,85 @@
+"""Our output layer (own_head.py): the row order it assumes, and its logits bit-identical
+to llama.cpp's on the real model, whatever the decode's shape."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ngramspec import own_head
+from ngramspec.model import Context, ContextParams
+from ngramspec.pipeline_bench import long_text
+
+
+def test_output_order_single_stream_is_batch_order():
+    logits = [False, True, True, False, True]
+    assert own_head.output_order([(0, 5)], logits, 512, per_seq_streams=False) == [1, 2, 4]
+    # split_simple: ubatches of 2 tokens keep batch order
+    assert own_head.output_order([(0, 5)], logits, 2, per_seq_streams=False) == [1, 2, 4]
+
+
+def test_output_order_follows_split_equal():
+    # [3, 2, 2, 2] tokens of sequences 0..3: {0..3: 2 each}, then {0: 1}; sequence 0's
+    # third token (batch index 2) comes out last
+    logits = [True] * 9
+    assert own_head.output_order([(0, 3), (1, 2), (2, 2), (3, 2)], logits, 512,
+                                 per_seq_streams=True) == [0, 1, 3, 4, 5, 6, 7, 8, 2]
+    # non-consecutive sequence ids are separate runs, hence separate ubatches
+    assert own_head.output_order([(0, 2), (2, 1)], [False, True, True], 512,
+                                 per_seq_streams=True) == [1, 2]
+
+
+def test_library_respects_the_switch(monkeypatch):
+    monkeypatch.setenv("NGRAMSPEC_OWN_HEAD", "0")
+    assert not own_head.wanted()
+
+
+SHAPES = [
+    [(0, 1, True), (1, 1, True), (2, 1, True), (3, 1, True)],  # 4 slots, no draft
+    [(0, 3, True), (1, 2, True), (2, 2, True), (3, 2, True)],  # split into 2 ubatches
+    [(0, 5, True), (2, 3, True), (3, 1, False), (5, 7, True)],  # runs of seq ids, one last-only
+    [(1, 2, False), (4, 9, True)],
+    [(s, 2, True) for s in range(8)],
+    [(0, 16, True)],
+    [(0, 6, True)],  # 4 columns and 2
+    [(3, 1, True)],  # one row: llama.cpp's own layer
+    [(0, 2, True), (1, 6, True), (2, 2, True), (3, 2, True), (4, 2, True)],
+]
+
+
+def test_rows_bit_identical_to_llama_cpp(model):
+    if own_head.library() is None:
+        pytest.skip("no x86-64 AVX2 CPU or no C compiler here")
+    toks = list(model.tokenize(long_text(6000)))
+    ours = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8))
+    theirs = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8, own_head=False))
+    try:
+        assert ours.head is not None and ours.head.active  # Gemma's output layer is Q8_0
+        assert theirs.head is None
+        for ctx in (ours, theirs):
+            for s in range(8):
+                ctx.run_rows([(s, toks[s * 40:s * 40 + 300], 0, False)], {})
+        for shape in SHAPES:
+            got = []
+            for ctx in (ours, theirs):
+                rows = ctx.decode([(s, toks[900 + 10 * s:900 + 10 * s + n], 300, every)
+                                   for s, n, every in shape])
+                got.append(np.stack([ctx.logits_at(i).copy() for r in rows for i in r]))
+                for s, _, _ in shape:
+                    ctx.truncate(s, 300)
+            assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32)), shape
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_another_model_decodes_with_or_without_it(smollm2):
+    """SmolLM2 (another architecture): ours is on only where its weight qualified and its
+    rows matched llama.cpp's; decodes work either way."""
+    ctx = Context(smollm2, ContextParams(n_ctx=2048, n_seq_max=2))
+    try:
+        if ctx.head is not None:
+            assert ctx.head.active == (ctx.head.weight is not None)
+        rows = ctx.decode([(0, [100, 200, 300], 0, True), (1, [5, 6], 0, True)])
+        assert all(np.isfinite(ctx.logits_at(i)).all() for r in rows for i in r)
+    finally:
+        ctx.close()
