@@ -547,6 +547,7 @@ class Context:
         b = self.batch
         i = 0
         rows: list[list[int]] = []
+        out: list[bool] = []  # whether each batch index has a logit row
         for seq_id, tokens, pos0, all_logits in entries:
             mine = []
             n = len(tokens)
@@ -558,12 +559,13 @@ class Context:
                 b.seq_id[i][0] = seq_id
                 want = not pad and (all_logits or (all_logits is not None and k == n - 1))
                 b.logits[i] = want or (pad and k - n < pad_logits.get(seq_id, 0))
+                out.append(bool(b.logits[i]))
                 if want:
                     mine.append(i)
                 i += 1
             rows.append(mine)
         b.n_tokens = i
-        armed = self.head is not None and self.head.active and sum(b.logits[j] for j in range(i)) >= 2
+        armed = self.head is not None and self.head.wants(sum(out))
         if self.head is not None:
             self.head.arm(armed)
         if self.swa_span is not None:
@@ -574,10 +576,9 @@ class Context:
             if self.head is not None:
                 self.head.arm(False)
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
-        if armed:
+        if armed:  # our output layer: the rows' logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
-            order = own_head.output_order(lengths, [bool(b.logits[j]) for j in range(i)],
-                                          self.n_ubatch, self.per_seq_streams)
+            order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)
             self.head.fill(self, order, {j for r in rows for j in r})
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):

@@ -179,7 +179,7 @@ class Hook:
                           cap=self.rows.size)
         self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
-        self.active = False
+        self.active = self._checking = False
 
     def install(self, cparams) -> None:
         import llama_cpp
@@ -203,6 +203,11 @@ class Hook:
             return None
         return data, ne1
 
+    def wants(self, n_logits: int) -> bool:
+        """Whether a decode with n_logits logit rows takes our output layer: 2 or more
+        rows (one row costs both kernels the same), once verified (or being verified)."""
+        return (self.active or self._checking) and n_logits >= 2
+
     def arm(self, on: bool) -> None:
         """Before a decode: end its graph at result_norm (on) or run it whole."""
         self.hook.stop, self.hook.n_rows, self.hook.overflow = int(on), 0, 0
@@ -219,34 +224,42 @@ class Hook:
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
                                f"logit rows (overflow={h.overflow})")
         which = [j for j, i in enumerate(order) if i in wanted]
-        if not which:
-            return
+        if which:
+            self._compute(which, [llama_cpp.llama_get_logits_ith(ctx.ptr, order[j])
+                                  for j in which])
+
+    def _compute(self, which: Sequence[int], out: Sequence) -> None:
+        """Logits of the kept result_norm rows `which` into the float buffers `out`."""
         w, n_vocab = self.weight
         idx = (C.c_int32 * len(which))(*which)
-        out = (C.c_void_p * len(which))(*[
-            C.cast(llama_cpp.llama_get_logits_ith(ctx.ptr, order[j]), C.c_void_p).value
-            for j in which])
+        ptrs = (C.c_void_p * len(which))(*[C.cast(p, C.c_void_p).value for p in out])
         rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, self.rows.ctypes.data, self.n_embd,
-                                    idx, len(which), out, self.n_threads, self.from_float)
+                                    idx, len(which), ptrs, self.n_threads, self.from_float)
         if rc != 0:
             raise MemoryError("the output layer could not allocate its quantized columns")
 
     def verify(self, ctx, tokens: Sequence[int]) -> bool:
         """On an empty context: decode `tokens` (5 or more, all logits) in sequence 0 with
-        llama.cpp's output layer, then again with ours, and turn ours on if the weight
-        qualifies and every row is bit-identical. Leaves sequence 0 empty."""
-        lc_rows = ctx.run_rows([(0, tokens, 0, True)], {})[0]
-        theirs = np.stack([ctx.logits_at(i).copy() for i in lc_rows])
+        llama.cpp's output layer, then again ended at result_norm, and turn ours on if
+        the weight qualifies and our logits of the kept rows, computed into fresh
+        buffers, are bit-identical to llama.cpp's. Leaves sequence 0 empty."""
+        rows = ctx.run_rows([(0, tokens, 0, True)], {})[0]
+        theirs = np.stack([ctx.logits_at(i).copy() for i in rows])
         ctx.truncate(0, 0)
         self.weight = self._find_weight()
-        if self.weight is not None:
-            self.active = True
-            try:
-                ours = np.stack([ctx.logits_at(i).copy()
-                                 for i in ctx.run_rows([(0, tokens, 0, True)], {})[0]])
-            finally:
-                ctx.truncate(0, 0)
-            self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
+        if self.weight is None:
+            return False
+        self._checking = True
+        try:
+            ctx.run_rows([(0, tokens, 0, True)], {})
+        finally:
+            self._checking = False
+            ctx.truncate(0, 0)
+        if self.hook.n_rows != len(tokens) or self.hook.overflow:
+            return False
+        ours = np.full_like(theirs, np.nan)
+        self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours])
+        self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
         return self.active
 
 

@@ -83,3 +83,19 @@ def test_another_model_decodes_with_or_without_it(smollm2):
         assert all(np.isfinite(ctx.logits_at(i)).all() for r in rows for i in r)
     finally:
         ctx.close()
+
+
+def test_a_kernel_that_disagrees_is_never_used(model, monkeypatch):
+    """The start-up check compares rows computed into fresh buffers: a kernel that writes
+    nothing (or anything else) leaves llama.cpp's output layer in charge."""
+    if own_head.library() is None:
+        pytest.skip("no x86-64 AVX2 CPU or no C compiler here")
+    monkeypatch.setattr(own_head.Hook, "_compute", lambda self, which, out: None)
+    ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=2))
+    try:
+        assert ctx.head is not None and ctx.head.weight is not None and not ctx.head.active
+        assert ctx.logit_quantum != 1
+        rows = ctx.decode([(0, [100, 200, 300], 0, True), (1, [5, 6], 0, True)])
+        assert all(np.isfinite(ctx.logits_at(i)).all() for r in rows for i in r)
+    finally:
+        ctx.close()
