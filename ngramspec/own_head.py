@@ -46,6 +46,9 @@ from .loaded_libs import loaded
 from .paths import cache_dir
 
 SOURCE = Path(__file__).with_name("native") / "q8_head.c"
+#: the instruction sets the intrinsics name and no others (not -march=native: a VM may
+#: advertise extensions it traps), and no contraction of products the source keeps apart
+CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 GGML_TYPE_Q8_0 = 8
 QK8_0 = 32
 _BUILD_LOCK = threading.Lock()
@@ -83,32 +86,45 @@ def wanted() -> bool:
 
 @cache
 def library() -> C.CDLL | None:
-    """The compiled kernel (built once per source version into the cache folder with
-    the system's C compiler, for this CPU), or None where it cannot be built."""
+    """The compiled kernel (built once per source version and flags into the cache
+    folder with the system's C compiler, `CFLAGS`), or None where it cannot be built or
+    loaded."""
     if not wanted():
         return None
     src = SOURCE.read_bytes()
     cc = os.environ.get("CC", "cc")
-    tag = hashlib.sha256(src + cc.encode() + platform.machine().encode()).hexdigest()[:16]
+    build = " ".join((cc, *CFLAGS, platform.machine())).encode()
+    tag = hashlib.sha256(src + build).hexdigest()[:16]
     out = cache_dir() / "native" / f"q8_head-{tag}.so"
     with _BUILD_LOCK:
-        if not out.exists():
-            out.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-            os.close(fd)
-            cmd = [cc, "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                   "-o", tmp, str(SOURCE)]
-            try:
-                subprocess.run(cmd, check=True, capture_output=True, timeout=120)
-                os.replace(tmp, out)
-            except (OSError, subprocess.SubprocessError):
-                Path(tmp).unlink(missing_ok=True)
-                return None
-    lib = C.CDLL(str(out))
+        if not out.exists() and not _build(cc, out):
+            return None
+    try:
+        lib = C.CDLL(str(out))
+    except OSError:
+        return None
     lib.ngs_q8_0_head.restype = C.c_int
     lib.ngs_q8_0_head.argtypes = [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p, C.c_int64,
                                   C.c_void_p, C.c_int, C.c_void_p, C.c_int, C.c_void_p]
     return lib
+
+
+def _build(cc: str, out: Path) -> bool:
+    """Compile SOURCE into `out` (atomically: a temporary file renamed). False where the
+    folder cannot be written or the compiler is missing or fails."""
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
+        os.close(fd)
+        subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
+                       timeout=120)
+        os.replace(tmp, out)
+        return True
+    except (OSError, subprocess.SubprocessError):
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        return False
 
 
 @cache
