@@ -558,23 +558,23 @@ class Context:
                 b.n_seq_id[i] = 1
                 b.seq_id[i][0] = seq_id
                 want = not pad and (all_logits or (all_logits is not None and k == n - 1))
-                b.logits[i] = want or (pad and k - n < pad_logits.get(seq_id, 0))
-                out.append(bool(b.logits[i]))
+                out.append(want or (pad and k - n < pad_logits.get(seq_id, 0)))
+                b.logits[i] = out[-1]
                 if want:
                     mine.append(i)
                 i += 1
             rows.append(mine)
         b.n_tokens = i
         armed = self.head is not None and self.head.wants(sum(out))
-        if self.head is not None:
-            self.head.arm(armed)
+        if armed:
+            self.head.arm()
         if self.swa_span is not None:
             for seq_id, tokens, pos0, _ in entries:
                 self.keep_window_ordered(seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
         rc = lc.llama_decode(self.ptr, b)
         if rc != 0:
-            if self.head is not None:
-                self.head.arm(False)
+            if armed:
+                self.head.disarm()
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
         if armed:  # our output layer: the rows' logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]

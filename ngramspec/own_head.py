@@ -42,7 +42,7 @@ from typing import Sequence
 import numpy as np
 
 from . import ubatch
-from .loaded_libs import loaded
+from .host import cpu_flags, loaded
 from .paths import cache_dir
 
 SOURCE = Path(__file__).with_name("native") / "q8_head.c"
@@ -57,8 +57,8 @@ _BUILD_LOCK = threading.Lock()
 class _Hook(C.Structure):
     """native/q8_head.c's hook_t, field by field."""
     _fields_ = [("name_off", C.c_int64), ("data_off", C.c_int64), ("ne_off", C.c_int64),
-                ("nb_off", C.c_int64), ("op_off", C.c_int64), ("src_off", C.c_int64),
-                ("type_off", C.c_int64), ("op_mul_mat", C.c_int32), ("stop", C.c_int32),
+                ("op_off", C.c_int64), ("src_off", C.c_int64),
+                ("op_mul_mat", C.c_int32), ("stop", C.c_int32),
                 ("rows", C.c_void_p), ("cap", C.c_int64), ("n_rows", C.c_int64),
                 ("overflow", C.c_int32), ("norm", C.c_void_p), ("head", C.c_void_p),
                 ("head_is_output", C.c_int32)]
@@ -76,12 +76,7 @@ def wanted() -> bool:
         return False
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return False
-    return {"avx2", "fma", "f16c"} <= set(flags)
+    return {"avx2", "fma", "f16c"} <= cpu_flags()
 
 
 @cache
@@ -190,8 +185,8 @@ class Hook:
         self.lib, self.n_embd, self.n_threads = lib, n_embd, n_threads
         self.rows = np.zeros((max_rows, n_embd), np.float32)
         self.hook = _Hook(name_off=off["name"], data_off=off["data"], ne_off=off["ne"],
-                          nb_off=off["nb"], op_off=off["op"], src_off=off["src"],
-                          type_off=off["type"], op_mul_mat=op, rows=self.rows.ctypes.data,
+                          op_off=off["op"], src_off=off["src"], op_mul_mat=op,
+                          rows=self.rows.ctypes.data,
                           cap=self.rows.size)
         self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
@@ -224,9 +219,13 @@ class Hook:
         rows (one row costs both kernels the same), once verified (or being verified)."""
         return (self.active or self._checking) and n_logits >= 2
 
-    def arm(self, on: bool) -> None:
-        """Before a decode: end its graph at result_norm (on) or run it whole."""
-        self.hook.stop, self.hook.n_rows, self.hook.overflow = int(on), 0, 0
+    def arm(self) -> None:
+        """Before a decode that takes our layer: end its graph at result_norm, keeping the
+        rows. Invariant: only such a decode runs armed (`fill` or `disarm` ends it)."""
+        self.hook.stop, self.hook.n_rows, self.hook.overflow = 1, 0, 0
+
+    def disarm(self) -> None:
+        self.hook.stop = 0
 
     def fill(self, ctx, order: Sequence[int], wanted: set[int]) -> None:
         """After an armed decode: the logits of the batch indices in `wanted`, written
@@ -235,7 +234,7 @@ class Hook:
         import llama_cpp
 
         h = self.hook
-        h.stop = 0
+        self.disarm()
         if h.overflow or h.n_rows != len(order):
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
                                f"logit rows (overflow={h.overflow})")
@@ -268,11 +267,11 @@ class Hook:
         self._checking = True
         try:
             ctx.run_rows([(0, tokens, 0, True)], {})
+        except RuntimeError:  # `fill` found other rows than asked: never used
+            return False
         finally:
             self._checking = False
             ctx.truncate(0, 0)
-        if self.hook.n_rows != len(tokens) or self.hook.overflow:
-            return False
         ours = np.full_like(theirs, np.nan)
         self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours])
         self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))

@@ -38,7 +38,7 @@ import ctypes
 from contextlib import contextmanager
 from functools import cache
 
-from .loaded_libs import loaded
+from .host import loaded
 from .ubatch import f16_attention
 
 #: how far before `abort_callback_data` the search looks for `backend_cpu` (bytes)

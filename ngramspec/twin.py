@@ -35,12 +35,12 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
 from . import file_pages, gguf_types, kv_state
+from .host import cpu_flags
 from .model import MLOCK_MODES, TILED_PREFILL_MIN, Context, ContextParams, Model
 
 #: repacked gemm kernels take the rows of a decode 4 at a time (ggml-cpu/repack.cpp)
@@ -66,15 +66,7 @@ def repack_is_safe(cpuinfo: str | None = None) -> bool:
     """Whether this CPU can run llama.cpp's repacked kernels without risk: x86-64 Linux
     that does not advertise AMX (VMs that advertise AMX but trap it die with SIGILL in
     the AMX buffer type, which repacking turns on)."""
-    if cpuinfo is None:
-        if not sys.platform.startswith("linux"):
-            return False
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
-        except OSError:
-            return False
-    flags = next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines()
-                  if line.startswith("flags")), [])
+    flags = cpu_flags(cpuinfo)
     return "avx2" in flags and not any(f.startswith("amx") for f in flags)
 
 

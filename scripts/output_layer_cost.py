@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ngramspec.loaded_libs import loaded
+from ngramspec.host import loaded
 from ngramspec.model import Context, ContextParams, Model, _llama
 from ngramspec.pipeline_bench import long_text
 
@@ -46,7 +46,7 @@ class _GgufInit(C.Structure):
 
 def _ggml():
     """ctypes handles on the libggml-base and libggml-cpu llama.cpp loaded (the same
-    copies; loaded_libs.py)."""
+    copies; ngramspec/host.py)."""
     base, cpu = loaded("ggml-base"), loaded("ggml-cpu")
     p, i64, sz = C.c_void_p, C.c_int64, C.c_size_t
     for name, res, args in [

@@ -91,7 +91,7 @@ int ngs_q8_0_head(const void *w, int64_t n_rows, int64_t n_embd, const float *h,
 
 /* What the eval callback shares with Python (own_head.Hook mirrors it field by field). */
 typedef struct {
-    int64_t name_off, data_off, ne_off, nb_off, op_off, src_off, type_off; /* ggml_tensor */
+    int64_t name_off, data_off, ne_off, op_off, src_off; /* fields of struct ggml_tensor */
     int32_t op_mul_mat;
     int32_t stop;          /* end the graph after result_norm in this decode */
     float *rows;           /* result_norm rows, appended ubatch after ubatch */

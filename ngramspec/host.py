@@ -1,4 +1,5 @@
-"""The ggml libraries llama.cpp has loaded, as ctypes handles on the same copies.
+"""What this process runs on: the CPU's feature flags, and the ggml libraries llama.cpp
+has loaded, as ctypes handles on the same copies.
 
 llama-cpp-python's lib folder holds each library under two names (`libggml-cpu.so`
 and `libggml-cpu.so.0`, separate files); llama.cpp loads one of them, and opening the
@@ -11,6 +12,21 @@ from __future__ import annotations
 import ctypes
 import sys
 from functools import cache
+from pathlib import Path
+
+
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The feature flags of /proc/cpuinfo's first "flags" line (of `cpuinfo`, its text,
+    if given); empty where there is none or it cannot be read (not Linux)."""
+    if cpuinfo is None:
+        if not sys.platform.startswith("linux"):
+            return set()
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            return set()
+    return next((set(line.split(":", 1)[1].split()) for line in cpuinfo.splitlines()
+                 if line.startswith("flags")), set())
 
 
 @cache
