@@ -8,7 +8,8 @@ response, so prompt processing is included. Aggregate tok/s = generated tokens /
 seconds. Generation only: a "prefill" row sends the same documents with n_predict 1
 (prompts and first tokens only), and generation tok/s = the other tokens / (wall -
 the prefill row's wall), each server against its own prefill row. Prompt tok/s =
-prompt tokens / summed prompt_ms (one slot: nothing overlaps).
+prompt tokens / summed prompt_ms (one slot: nothing overlaps); the prompt checks (one
+~2,000-token prompt) alternate the servers request by request.
 
 Only one server runs at a time: two llama.cpp processes on the same cores slow each
 other down 10-50x. With `rounds` > 1 every row runs that many times, interleaved
@@ -244,8 +245,12 @@ class Servers:
         if index >= self.last[name]:
             self._end(name)
         else:
-            os.kill(self.live[name].pid, signal.SIGSTOP)
-            wait_stopped(self.live[name].pid, True)
+            self.stop(name)
+
+    def stop(self, name: str) -> None:
+        """Stop a live process (SIGSTOP) until its next `resume`; returns once stopped."""
+        os.kill(self.live[name].pid, signal.SIGSTOP)
+        wait_stopped(self.live[name].pid, True)
 
     def _end(self, name: str) -> None:
         srv = self.live.pop(name)
@@ -357,30 +362,60 @@ SECOND_QUESTION = ("\n# The second request asks a longer question about the same
                    "the parser itself? Answer in three short paragraphs.\n")
 
 
-def prompt_checks(url: str, n_chars: int = 8000, cache: bool = True) -> dict:
-    """Prompt speed on one ~2,000-token prompt (best of 2, no cache), and (`cache`) the
-    prompt cache: a ~1,550-token prefix with a new ~50-token suffix after a first
-    request (once per server: later the prefix is a hit in both requests)."""
+def _post_prompt(client, prompt: str, cache: bool) -> dict:
+    r = client.post("/completion", json={"prompt": prompt, "n_predict": 1, "temperature": 0,
+                                         "cache_prompt": cache})
+    r.raise_for_status()
+    return r.json()["timings"]
+
+
+def prompt_speed(url: str, n_chars: int = 8000) -> dict:
+    """One request's prompt speed on a ~2,000-token prompt (no prompt cache): its
+    timings' prompt_n and prompt_per_second."""
     import httpx
 
-    def post(client, prompt, cache):
-        r = client.post("/completion", json={"prompt": prompt, "n_predict": 1, "temperature": 0,
-                                             "cache_prompt": cache})
-        r.raise_for_status()
-        return r.json()["timings"]
-
-    text = long_text(n_chars)
     with httpx.Client(base_url=url, timeout=600) as c:
-        speed = max((post(c, text, False) for _ in range(2)), key=lambda t: t["prompt_per_second"])
-        if not cache:
-            return {"prompt_n": speed["prompt_n"], "prompt_per_second": speed["prompt_per_second"]}
-        prefix = long_text(6200, "argparse")  # ~1,550 tokens no slot holds yet
-        first = post(c, prefix + "\n# first question: what does this module do?\n", True)
-        second = post(c, prefix + SECOND_QUESTION, True)  # a new ~50-token suffix
-    return {"prompt_n": speed["prompt_n"], "prompt_per_second": speed["prompt_per_second"],
-            "cache_first_prompt_ms": first["prompt_ms"], "cache_first_prompt_n": first["prompt_n"],
+        t = _post_prompt(c, long_text(n_chars), False)
+    return {"prompt_n": t["prompt_n"], "prompt_per_second": t["prompt_per_second"]}
+
+
+def cache_check(url: str) -> dict:
+    """The prompt cache: a ~1,550-token prefix with a new ~50-token suffix after a
+    first request (once per server: later the prefix is a hit in both requests)."""
+    import httpx
+
+    prefix = long_text(6200, "argparse")  # ~1,550 tokens no slot holds yet
+    with httpx.Client(base_url=url, timeout=600) as c:
+        first = _post_prompt(c, prefix + "\n# first question: what does this module do?\n", True)
+        second = _post_prompt(c, prefix + SECOND_QUESTION, True)  # a new ~50-token suffix
+    return {"cache_first_prompt_ms": first["prompt_ms"], "cache_first_prompt_n": first["prompt_n"],
             "cache_second_prompt_ms": second["prompt_ms"], "cache_second_prompt_n": second["prompt_n"],
             "cache_n": second.get("cache_n", 0)}
+
+
+#: requests per server in one round's prompt check (its best counts)
+PROMPT_REQUESTS = 3
+
+
+def prompt_checks(servers: "Servers", processes: Sequence[str], cache: bool,
+                  n: int = PROMPT_REQUESTS) -> list[dict]:
+    """Prompt speed of each process (best of n requests), their requests alternated
+    one by one (A B A B ...) so that a drift of the host's speed meets them alike,
+    each process stopped while another's request runs; then (`cache`) each one's
+    prompt-cache check. Returns one dict per process, in order."""
+    best: list[dict | None] = [None] * len(processes)
+    for _ in range(n):
+        for k, name in enumerate(processes):
+            t = prompt_speed(servers.resume(name).url)
+            if best[k] is None or t["prompt_per_second"] > best[k]["prompt_per_second"]:
+                best[k] = t
+            servers.stop(name)
+    out = [dict(b) for b in best]
+    if cache:
+        for d, name in zip(out, processes):
+            d.update(cache_check(servers.resume(name).url))
+            servers.stop(name)
+    return out
 
 
 NOT_TYPES = ("off", "auto", "oracle", "prefill")  # rows that are not a fixed spec type
@@ -459,14 +494,17 @@ def run_plan(plan: list[list[Row]], starters: dict[str, Callable[[], Started]],
     index, by_process = 0, {}  # process -> its runs so far (peak PSS is per process)
     with Servers(starters, plan) as servers:
         for i, rows in enumerate(plan):
+            checks = [r for r in rows if r.mode == "prompt"]
             for row in rows:
                 progress(f"-np {slots}, round {i + 1}/{len(plan)}: {row.server} {row.mode}")
-                srv = servers.resume(row.process)
                 if row.mode == "prompt":
-                    chk = prompt_checks(srv.url, cache=i == 0)
-                    rep.checks.setdefault(row.server, chk)
-                    rep.check_rounds.setdefault(row.server, []).append(chk["prompt_per_second"])
+                    if row is checks[0]:  # every prompt check of the round, alternated
+                        found = prompt_checks(servers, [r.process for r in checks], cache=i == 0)
+                        for r, chk in zip(checks, found):
+                            rep.checks.setdefault(r.server, chk)
+                            rep.check_rounds.setdefault(r.server, []).append(chk["prompt_per_second"])
                 else:
+                    srv = servers.resume(row.process)
                     mine = by_process.setdefault(row.process, [])
                     off = next((r for r in by_process.get("ngramspec", [])
                                 if (r.round, r.mode) == (0, "off")), None)

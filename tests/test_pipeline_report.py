@@ -85,7 +85,8 @@ def test_schedule_alternates_servers_and_runs_later_rounds_backward():
 def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch):
     """run_plan with stand-in servers (sleeping processes): while a row is timed its
     process runs and every other started one is stopped; a process ends after its last
-    row, and one stopped at the end is ended too."""
+    row, and one stopped at the end is ended too. The prompt checks alternate the two
+    servers request by request, one runnable at a time, the cache check in round 0."""
     import subprocess
 
     from ngramspec import pipeline_bench as PB
@@ -108,9 +109,19 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
             assert off is not None and off.mode == "off" and off.round == 0
         return RunResult(row.server, row.mode, slots, 1.0 + len(seen), generated=10)
 
+    urls = {f"http://{n}": n for n in ("ngramspec", "llama-server:none", "llama-server:ngram-mod")}
+    asked = []
+
+    def fake_speed(url):
+        name = urls[url]
+        states = {n: PB.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
+        assert states[name] in "RS" and all(s == "T" for n, s in states.items() if n != name)
+        asked.append(name)
+        return {"prompt_n": 2000, "prompt_per_second": 100.0 + len(asked)}
+
     monkeypatch.setattr(PB, "time_row", fake_row)
-    monkeypatch.setattr(PB, "prompt_checks", lambda url, cache=True: {"prompt_per_second": 100.0,
-                                                                       "cache": cache})
+    monkeypatch.setattr(PB, "prompt_speed", fake_speed)
+    monkeypatch.setattr(PB, "cache_check", lambda url: {"cache": True})
     plan = PB.schedule(["off", "auto"], ["ngram-mod"], True, 2)
     rep = PB.PipelineReport()
     starters = {n: starter(n) for n in ("ngramspec", "llama-server:none", "llama-server:ngram-mod")}
@@ -121,7 +132,11 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
         assert all(s == "T" for n, s in states.items() if n != timed), states
     assert all(p.poll() is not None for p in procs.values())
     assert rep.checks["ngramspec"]["cache"] is True  # the cache check in round 0 only
-    assert rep.check_rounds == {"ngramspec": [100.0, 100.0], "llama-server": [100.0, 100.0]}
+    n = PB.PROMPT_REQUESTS
+    assert asked == (["ngramspec", "llama-server:none"] * n  # round 0 forward, round 1 backward
+                     + ["llama-server:none", "ngramspec"] * n)
+    assert rep.check_rounds == {"ngramspec": [99.0 + 2 * n, 100.0 + 4 * n],  # each one's best
+                                "llama-server": [100.0 + 2 * n, 99.0 + 4 * n]}
     assert sorted({r.round for r in rep.rounds}) == [0, 1]
 
 
