@@ -230,7 +230,8 @@ class Hook:
     def fill(self, ctx, order: Sequence[int], wanted: set[int]) -> None:
         """After an armed decode: the logits of the batch indices in `wanted`, written
         into llama.cpp's buffer. `order`: the batch index of each result_norm row, in
-        the order llama.cpp evaluated them."""
+        the order llama.cpp evaluated them. During `verify`'s decode only the rows are
+        kept (verify computes them into buffers of its own)."""
         import llama_cpp
 
         h = self.hook
@@ -239,7 +240,7 @@ class Hook:
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
                                f"logit rows (overflow={h.overflow})")
         which = [j for j, i in enumerate(order) if i in wanted]
-        if which:
+        if which and not self._checking:
             self._compute(which, [llama_cpp.llama_get_logits_ith(ctx.ptr, order[j])
                                   for j in which])
 

@@ -128,9 +128,10 @@ class StopAtNorm:
         self.cb = cb
 
 
-def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False) -> Context:
+def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False,
+                 **fields) -> Context:
     """A context of n_seq streams (batch-invariant as the engine's, or plain), with `cb`
-    as cb_eval."""
+    as cb_eval; `fields`: other ContextParams fields (they win over the defaults here)."""
     lc = _llama()
     orig = lc.llama_context_default_params
 
@@ -141,8 +142,9 @@ def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False) -> 
         return p
     lc.llama_context_default_params = params
     try:
-        return Context(model, ContextParams(n_ctx=2048 * n_seq, n_batch=512, n_seq_max=n_seq,
-                                            batch_invariant=invariant, own_head=False))
+        return Context(model, ContextParams(**{
+            "n_ctx": 2048 * n_seq, "n_batch": 512, "n_seq_max": n_seq,
+            "batch_invariant": invariant, "own_head": False, **fields}))
     finally:
         lc.llama_context_default_params = orig
 

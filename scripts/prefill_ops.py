@@ -21,11 +21,13 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ngramspec.host import loaded  # noqa: E402
-from ngramspec.model import Context, ContextParams, Model, _llama  # noqa: E402
+from ngramspec.model import Context, Model  # noqa: E402
 from ngramspec.own_head import _tensor_offsets  # noqa: E402
 from ngramspec.pipeline_bench import long_text  # noqa: E402
+from output_layer_cost import make_context  # noqa: E402
 
 TYPES = {0: "f32", 1: "f16", 2: "q4_0", 6: "q5_0", 8: "q8_0", 12: "q4_K", 14: "q6_K"}
 EXTRA_OFF = 320  # struct ggml_tensor: `extra` follows name[64] at 256
@@ -65,22 +67,6 @@ class NodeTimer:
         return f"MUL_MAT {wtype}{' repacked' if repacked else ''} ({part})"
 
 
-def make_context(model: Model, timer: NodeTimer, swa_full: bool) -> Context:
-    lc = _llama()
-    orig = lc.llama_context_default_params
-
-    def params():
-        p = orig()
-        p.cb_eval = timer.cb
-        return p
-    lc.llama_context_default_params = params
-    try:  # the twin's context: one stream, every SWA cell (or a window's), no output layer of ours
-        return Context(model, ContextParams(n_ctx=4096, n_batch=512, n_seq_max=1, swa_full=swa_full,
-                                            own_head=False))
-    finally:
-        lc.llama_context_default_params = orig
-
-
 def prefill(ctx: Context, toks: list[int], chunk: int) -> float:
     """Evaluate toks in chunks as the twin does (no logits, padded to a multiple of 4)."""
     ctx.truncate(0, 0)
@@ -100,7 +86,9 @@ def main() -> None:
     args = ap.parse_args()
     model = Model(use_extra_bufts=True)
     timer = NodeTimer()
-    ctx = make_context(model, timer, not args.swa_window)
+    # the twin's context: one stream, every SWA cell (or a window's), no output layer of ours
+    ctx = make_context(model, 1, timer.cb, invariant=True, n_ctx=4096,
+                       swa_full=not args.swa_window)
     toks = list(model.tokenize(long_text(args.chars)))
     prefill(ctx, toks, args.chunk)  # warm
     whole = min(prefill(ctx, toks, args.chunk) for _ in range(3))
