@@ -267,11 +267,11 @@ class Engine:
         return self.ctx.tiled_prefill and n_prompt >= TILED_PREFILL_MIN
 
     def _chunk_end(self, st: SeqState, max_tokens: int) -> int:
-        """End of the next tiled chunk: at most max_tokens (>= 128, <= n_ubatch), never
+        """End of the next tiled chunk: at most max_tokens (>= 128, <= prefill_chunk), never
         leaving a remainder under TILED_PREFILL_MIN; a last chunk that is short and
         has no room for padding before the slot's end re-evaluates earlier prompt
         tokens instead (same values: the tiled path is per-token deterministic)."""
-        cap = min(max(max_tokens, 2 * TILED_PREFILL_MIN), self.ctx.n_ubatch, self.ctx.n_batch)
+        cap = min(max(max_tokens, 2 * TILED_PREFILL_MIN), self.ctx.prefill_chunk)
         left = st.n_prompt - st.n_hist
         n = min(left, cap)
         if n < left and left - n < TILED_PREFILL_MIN:

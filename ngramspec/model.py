@@ -450,6 +450,14 @@ class Context:
         return head
 
     @property
+    def prefill_chunk(self) -> int:
+        """Most tokens of one prompt chunk (`prefill`): the twin's ubatch where it
+        evaluates prompts (its own, larger than a main context's beside it:
+        twin.generation_params), else this context's."""
+        ctx = self.twin.ctx if self.twin is not None else self
+        return min(ctx.n_ubatch, ctx.n_batch)
+
+    @property
     def cost_layout(self) -> dict:
         """What decides how a decode of this context is laid out (split, padding, logit
         passes): the layout fields of `cost.DecodeCost`."""
@@ -513,9 +521,8 @@ class Context:
         cell of that token, so a later prompt that extends this one continues from
         twin cells only."""
         n = len(tokens)
-        if not 0 < n <= min(self.n_ubatch, self.n_batch):
-            raise ValueError(f"a prefill chunk holds 1..{min(self.n_ubatch, self.n_batch)} "
-                             f"tokens, got {n}")
+        if not 0 < n <= self.prefill_chunk:
+            raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {n}")
         if self.twin is not None:
             self.twin.chunk(self, seq_id, tokens, pos0, last)
             if not last:

@@ -60,6 +60,9 @@ ALL_CELLS = -1
 #: cells a prefill twin's KV stream starts with (it grows to a slot's size when a prompt
 #: needs more: PrefillTwin._room)
 TWIN_START_CELLS = 1024
+#: the main context's ubatch size where a twin evaluates its prompts (`generation_params`):
+#: 4 sequences of a whole invariant draft (64 tokens each) in one ubatch
+GENERATION_UBATCH = 256
 
 
 def repack_is_safe(cpuinfo: str | None = None) -> bool:
@@ -124,16 +127,31 @@ def no_vocab(path: str | Path) -> dict[str, int | str] | None:
 
 def open_context(model: Model, params: ContextParams, prefill_model: Model | None = None) -> Context:
     """A context of `model`, with a prefill twin on `prefill_model` (the same GGUF,
-    repacked) where the parameters allow one (`PrefillTwin.usable`)."""
+    repacked) where the parameters allow one (`PrefillTwin.usable`). The twin keeps
+    params' ubatch size (its prompt chunks); the main context, which then decodes
+    generation batches only, is reserved for GENERATION_UBATCH (`generation_params`)."""
     twin = None
     if prefill_model is not None and PrefillTwin.usable(params):
         twin = PrefillTwin(prefill_model, params)
     try:
-        return Context(model, params, twin=twin)
+        return Context(model, generation_params(params) if twin else params, twin=twin)
     except BaseException:
         if twin is not None:
             twin.close()
         raise
+
+
+def generation_params(params: ContextParams) -> ContextParams:
+    """The main context's parameters beside a twin: ubatches of at most
+    GENERATION_UBATCH tokens (never more than params give). Its decodes are generation
+    steps (at most MAX_INVARIANT_BATCH tokens a sequence) and prompts under
+    TILED_PREFILL_MIN tokens, so the size only decides how a decode of more tokens
+    splits (`ubatch.layout` pads whatever split it makes: every split is exact, rule
+    U) and what llama.cpp reserves: a window-size SWA stream holds n_swa + n_ubatch
+    cells (Gemma 3: 768 instead of 1,024 a slot, -30 MiB at 8 slots), and the compute
+    buffer is sized for n_ubatch rows."""
+    n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch, GENERATION_UBATCH)
+    return replace(params, n_ubatch=n_ubatch)
 
 
 def twin_pads(n: int) -> int:

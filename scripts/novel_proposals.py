@@ -98,7 +98,7 @@ def greedy(engine, prompt: str, n: int) -> tuple[list[int], list[int], list[list
     toks = engine.model.tokenize(prompt)
     ctx.clear(0)
     ctx.begin_prompt(0, 0)
-    step = min(512, ctx.n_ubatch)
+    step = min(512, ctx.prefill_chunk)
     for p in range(0, len(toks), step):
         holder, rows = ctx.prefill(0, toks[p:p + step], p, last=p + step >= len(toks))
     logits = holder.logits_at(rows[-1])

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ngramspec.model import TILED_PREFILL_MIN, ContextParams
+from ngramspec.model import TILED_PREFILL_MIN, Context, ContextParams
 from ngramspec import file_pages
 from ngramspec.twin import GEMM_ROWS, open_context, repack_is_safe, twin_pads
 
@@ -255,3 +255,40 @@ def test_vocab_size_reads_a_hand_written_header(tmp_path):
     assert vocab_size(path) is None
     path.write_bytes(b"not a model")
     assert vocab_size(path) is None
+
+
+@pytest.mark.model
+def test_a_main_context_reserved_for_generation_splits_decodes_and_keeps_every_logit(
+        model, twin_model, threads):
+    """Beside a twin the main context is reserved for GENERATION_UBATCH-token ubatches
+    (smaller window-size SWA streams) while prompt chunks keep the twin's 512: a decode
+    of 8 sequences x 40 tokens then splits where a 512-token ubatch would not, and
+    every logit row is bit-identical to the one-ubatch decode's."""
+    from ngramspec.twin import GENERATION_UBATCH, PrefillTwin
+
+    if twin_model is None:
+        pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
+    params = ContextParams(n_ctx=8 * 2048, n_seq_max=8, n_threads=threads)
+    small = open_context(model, params, twin_model)
+    big = Context(model, params, twin=PrefillTwin(twin_model, params))
+    text = model.tokenize("class Queue:\n    def put(self, item):\n        self.q.append(item)\n" * 30)
+    try:
+        assert (small.n_ubatch, small.prefill_chunk, big.n_ubatch) == (GENERATION_UBATCH, 512, 512)
+        assert small.swa_span == 512 + GENERATION_UBATCH < big.swa_span == 1024
+        digests = []
+        for ctx in (small, big):
+            entries = []
+            for s in range(8):
+                prompt = text[7 * s:7 * s + 100]
+                ctx.clear(s)
+                ctx.begin_prompt(s, 0)
+                ctx.prefill(s, prompt, 0, last=True)
+                entries.append((s, text[7 * s + 100:7 * s + 140], 100, True))
+            lay = ctx.layout_for([(s, len(t), len(t)) for s, t, _, _ in entries])
+            assert len(lay.ubatches) == (1 if ctx is big else 2)
+            rows = ctx.decode(entries)
+            digests.append([ctx.logits_at(i).tobytes() for r in rows for i in r])
+        assert digests[0] == digests[1]
+    finally:
+        small.close()
+        big.close()

@@ -322,7 +322,7 @@ class Scheduler:
         filling = [s for s in self.slots if s.st is not None and s.st.prefilling]
         if filling:
             s = min(filling, key=lambda s: s.job.t_queued)
-            self._guard([s], lambda: self._prefill(s, self.engine.ctx.n_ubatch))
+            self._guard([s], lambda: self._prefill(s, self.engine.ctx.prefill_chunk))
         if generating:
             self._guard(generating, lambda: self._step(generating))
 
