@@ -128,10 +128,11 @@ class StopAtNorm:
         self.cb = cb
 
 
-def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False,
+def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False, user=None,
                  **fields) -> Context:
     """A context of n_seq streams (batch-invariant as the engine's, or plain), with `cb`
-    as cb_eval; `fields`: other ContextParams fields (they win over the defaults here)."""
+    as cb_eval (and `user`, a ctypes pointer, as its user data); `fields`: other
+    ContextParams fields (they win over the defaults here)."""
     lc = _llama()
     orig = lc.llama_context_default_params
 
@@ -139,6 +140,8 @@ def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False,
         p = orig()
         if cb is not None:
             p.cb_eval = cb
+        if user is not None:
+            p.cb_eval_user_data = C.cast(user, C.c_void_p)
         return p
     lc.llama_context_default_params = params
     try:

@@ -1,0 +1,433 @@
+/* Flash attention of llama.cpp graphs computed outside llama.cpp, with a result per
+ * query row that does not depend on what else the batch holds (ngramspec/own_attention.py).
+ *
+ * llama.cpp's CPU flash attention has three paths (one row at a time, split-KV for a lone
+ * row, tiles of 64 rows), each with its own summation order, and converts K from F16 to
+ * F32 once per head and per 64-row tile. Here every (query row, head) is computed the
+ * same way whatever the batch: its scores are dot products over the head dimension in
+ * 8 float lanes, summed in a fixed order; its softmax uses the exact maximum of its
+ * visible scores (two passes, no running rescale); the denominator and each output
+ * element are sums over the visible cells in ascending cell order. Rows and cells are
+ * only *grouped* differently (several rows and heads share one F16->F32 conversion of
+ * a K or V tile), which changes no value. A masked cell (-inf) adds an exact zero; the
+ * only effect an added zero can have (a -0 turning +0) is removed by adding +0 to every
+ * output element, so a row sees exactly the sequence of its visible cells, as
+ * llama.cpp's one-row kernel does (rule W keeps those in position order).
+ *
+ * How a graph uses it: the eval callback (`ngs_attn_cb`) is asked about every node of
+ * a graph before ggml computes it; a FLASH_ATTN_EXT node it supports becomes a
+ * GGML_OP_CUSTOM node whose function is `ngs_attn_node` (the node's own parameters kept
+ * further on in op_params), which ggml then runs on its own threads in the graph's
+ * order, no split in the graph. Other nodes are passed to a chained callback (the output
+ * layer, own_head.py) when one is set. Whether a node is taken depends on its types and
+ * head sizes only (`supported`), never on the batch.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CT 32          /* cells per K/V tile */
+#define RB 8           /* query rows per work item */
+#define MAX_D 512
+#define F16_NEG_INF 0xFC00
+
+typedef bool (*eval_cb_t)(void *, bool, void *);
+
+/* What the callback shares with Python (own_attention._AttnHook mirrors it). */
+typedef struct {
+    int64_t type_off, ne_off, nb_off, op_off, op_params_off, src_off, data_off;
+    int32_t op_fa, op_custom, type_f32, type_f16;
+    int32_t nth;
+    int32_t enabled;
+    int32_t oom;           /* a node's scratch could not be had: the graph stopped there */
+    int64_t n_done;        /* nodes computed here since the counter was reset */
+    int64_t n_declined;    /* FLASH_ATTN_EXT nodes left to llama.cpp */
+    eval_cb_t next;        /* a chained callback for every other node (or NULL) */
+    void *next_user;
+    float *work;           /* nth scratch buffers of work_floats each (ngs_attn_free) */
+    int64_t work_floats;
+} attn_hook_t;
+
+typedef struct {
+    int type; int64_t ne[4]; size_t nb[4]; char *data;
+} tview_t;
+
+/* ggml's struct ggml_custom_op_params (ggml-impl.h), at the start of a CUSTOM node's
+ * op_params; the FLASH_ATTN_EXT node's own parameters move to byte KEPT. */
+typedef void (*custom_fn_t)(void *dst, int ith, int nth, void *userdata);
+typedef struct { custom_fn_t fun; int n_tasks; void *userdata; } custom_params_t;
+#define KEPT 32
+
+static tview_t view_of(const attn_hook_t *u, const void *t) {
+    tview_t v;
+    const char *p = (const char *)t;
+    v.type = *(const int32_t *)(p + u->type_off);
+    memcpy(v.ne, p + u->ne_off, sizeof v.ne);
+    memcpy(v.nb, p + u->nb_off, sizeof v.nb);
+    v.data = *(char *const *)(p + u->data_off);
+    return v;
+}
+
+static inline const void *src_of(const attn_hook_t *u, const void *t, int i) {
+    return *(const void *const *)((const char *)t + u->src_off + 8 * i);
+}
+
+static inline float lanes_sum(__m256 x) {
+    __m128 r = _mm256_extractf128_ps(x, 1);
+    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+/* e^x for 8 lanes (x <= 0 here; below -87.3 gives 0): Cody-Waite reduction, degree-6
+ * polynomial, |relative error| < 2e-7. A fixed function of x: the same lanes give the
+ * same values wherever they sit. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.3f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    const __m256 r2 = _mm256_mul_ps(r, r);
+    p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+static inline void f16_to_f32(const uint16_t *src, float *dst, int64_t n) {
+    for (int64_t i = 0; i < n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+}
+
+/* One work item: rows [r0, r1) of stream s, heads [h0, h1) (all of KV head g). */
+typedef struct {
+    const tview_t *q, *k, *v, *m;
+    float scale;
+    int64_t s, g, r0, r1, h0, h1;
+    char *dst; size_t dst_nb1; int64_t n_head, n_rows;
+} item_t;
+
+static const uint16_t *mask_row(const item_t *it, int64_t r, int64_t h) {
+    const tview_t *m = it->m;
+    return (const uint16_t *)(m->data + r * m->nb[1] + (h % m->ne[2]) * m->nb[2]
+                              + (it->s % m->ne[3]) * m->nb[3]);
+}
+
+/* One score: the dot product of query x and cell k in 8 lanes (FMAs in dimension
+ * order, then the lanes summed), times the scale. scores_tile computes exactly this
+ * for every (query, cell), several at a time. */
+static inline float score1(const float *x, const float *k, int64_t D, float scale) {
+    __m256 a = _mm256_setzero_ps();
+    for (int64_t d = 0; d < D; d += 8)
+        a = _mm256_fmadd_ps(_mm256_loadu_ps(x + d), _mm256_loadu_ps(k + d), a);
+    return lanes_sum(a) * scale;
+}
+
+/* Scores of nq queries against the nc (<= CT) cells of the tile kf (F32, a row per
+ * cell), into sc[q * stride + c]: two queries by four cells at a time (each pair's
+ * own accumulator, so every score is score1's), the rest one by one. */
+static void scores_tile(const float *const *qp, int nq, const float *kf, int nc, int64_t D,
+                        float scale, float *sc, int64_t stride) {
+    int q = 0;
+    for (; q + 2 <= nq; q += 2) {
+        const float *x = qp[q], *y = qp[q + 1];
+        int c = 0;
+        for (; c + 4 <= nc; c += 4) {
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+            __m256 b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            const float *k0 = kf + (int64_t)c * D, *k1 = k0 + D, *k2 = k1 + D, *k3 = k2 + D;
+            for (int64_t d = 0; d < D; d += 8) {
+                const __m256 xv = _mm256_loadu_ps(x + d), yv = _mm256_loadu_ps(y + d);
+                __m256 kv = _mm256_loadu_ps(k0 + d);
+                a0 = _mm256_fmadd_ps(xv, kv, a0); b0 = _mm256_fmadd_ps(yv, kv, b0);
+                kv = _mm256_loadu_ps(k1 + d);
+                a1 = _mm256_fmadd_ps(xv, kv, a1); b1 = _mm256_fmadd_ps(yv, kv, b1);
+                kv = _mm256_loadu_ps(k2 + d);
+                a2 = _mm256_fmadd_ps(xv, kv, a2); b2 = _mm256_fmadd_ps(yv, kv, b2);
+                kv = _mm256_loadu_ps(k3 + d);
+                a3 = _mm256_fmadd_ps(xv, kv, a3); b3 = _mm256_fmadd_ps(yv, kv, b3);
+            }
+            float *o = sc + (int64_t)q * stride + c, *p = o + stride;
+            o[0] = lanes_sum(a0) * scale; o[1] = lanes_sum(a1) * scale;
+            o[2] = lanes_sum(a2) * scale; o[3] = lanes_sum(a3) * scale;
+            p[0] = lanes_sum(b0) * scale; p[1] = lanes_sum(b1) * scale;
+            p[2] = lanes_sum(b2) * scale; p[3] = lanes_sum(b3) * scale;
+        }
+        for (; c < nc; ++c) {
+            sc[(int64_t)q * stride + c] = score1(x, kf + (int64_t)c * D, D, scale);
+            sc[(int64_t)(q + 1) * stride + c] = score1(y, kf + (int64_t)c * D, D, scale);
+        }
+    }
+    for (; q < nq; ++q)
+        for (int c = 0; c < nc; ++c)
+            sc[(int64_t)q * stride + c] = score1(qp[q], kf + (int64_t)c * D, D, scale);
+}
+
+/* acc[q][0..D) += sum over the tile's cells c (ascending) of p[q][c] * vf[c][0..D). */
+static void pv_tile(const float *p, int64_t stride, int nq, const float *vf, int nc, int64_t D,
+                    float *acc) {
+    int q = 0;
+    for (; q + 2 <= nq; q += 2) {
+        float *o0 = acc + (int64_t)q * D, *o1 = o0 + D;
+        const float *p0 = p + (int64_t)q * stride, *p1 = p0 + stride;
+        for (int64_t d = 0; d < D; d += 32) {
+            __m256 x0 = _mm256_loadu_ps(o0 + d), x1 = _mm256_loadu_ps(o0 + d + 8);
+            __m256 x2 = _mm256_loadu_ps(o0 + d + 16), x3 = _mm256_loadu_ps(o0 + d + 24);
+            __m256 y0 = _mm256_loadu_ps(o1 + d), y1 = _mm256_loadu_ps(o1 + d + 8);
+            __m256 y2 = _mm256_loadu_ps(o1 + d + 16), y3 = _mm256_loadu_ps(o1 + d + 24);
+            for (int c = 0; c < nc; ++c) {
+                const float *vc = vf + (int64_t)c * D + d;
+                const __m256 v0 = _mm256_loadu_ps(vc), v1 = _mm256_loadu_ps(vc + 8);
+                const __m256 v2 = _mm256_loadu_ps(vc + 16), v3 = _mm256_loadu_ps(vc + 24);
+                const __m256 b0 = _mm256_broadcast_ss(p0 + c), b1 = _mm256_broadcast_ss(p1 + c);
+                x0 = _mm256_fmadd_ps(b0, v0, x0); x1 = _mm256_fmadd_ps(b0, v1, x1);
+                x2 = _mm256_fmadd_ps(b0, v2, x2); x3 = _mm256_fmadd_ps(b0, v3, x3);
+                y0 = _mm256_fmadd_ps(b1, v0, y0); y1 = _mm256_fmadd_ps(b1, v1, y1);
+                y2 = _mm256_fmadd_ps(b1, v2, y2); y3 = _mm256_fmadd_ps(b1, v3, y3);
+            }
+            _mm256_storeu_ps(o0 + d, x0); _mm256_storeu_ps(o0 + d + 8, x1);
+            _mm256_storeu_ps(o0 + d + 16, x2); _mm256_storeu_ps(o0 + d + 24, x3);
+            _mm256_storeu_ps(o1 + d, y0); _mm256_storeu_ps(o1 + d + 8, y1);
+            _mm256_storeu_ps(o1 + d + 16, y2); _mm256_storeu_ps(o1 + d + 24, y3);
+        }
+    }
+    for (; q < nq; ++q) {
+        float *o0 = acc + (int64_t)q * D;
+        const float *p0 = p + (int64_t)q * stride;
+        for (int64_t d = 0; d < D; d += 32) {
+            __m256 x0 = _mm256_loadu_ps(o0 + d), x1 = _mm256_loadu_ps(o0 + d + 8);
+            __m256 x2 = _mm256_loadu_ps(o0 + d + 16), x3 = _mm256_loadu_ps(o0 + d + 24);
+            for (int c = 0; c < nc; ++c) {
+                const float *vc = vf + (int64_t)c * D + d;
+                const __m256 b0 = _mm256_broadcast_ss(p0 + c);
+                x0 = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vc), x0);
+                x1 = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vc + 8), x1);
+                x2 = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vc + 16), x2);
+                x3 = _mm256_fmadd_ps(b0, _mm256_loadu_ps(vc + 24), x3);
+            }
+            _mm256_storeu_ps(o0 + d, x0); _mm256_storeu_ps(o0 + d + 8, x1);
+            _mm256_storeu_ps(o0 + d + 16, x2); _mm256_storeu_ps(o0 + d + 24, x3);
+        }
+    }
+}
+
+/* The visible cells of query (r, h): 1 where its mask is not -inf (no mask: all). */
+static inline bool visible(const item_t *it, int64_t r, int64_t h, int64_t c) {
+    return it->m == NULL || mask_row(it, r, h)[c] != F16_NEG_INF;
+}
+
+static void run_item(const item_t *it, float *work) {
+    const tview_t *q = it->q, *k = it->k, *v = it->v;
+    const int64_t D = k->ne[0], DV = v->ne[0], n_kv = k->ne[1];
+    const int nq = (int)((it->r1 - it->r0) * (it->h1 - it->h0));
+    const int64_t kh = it->g, ks = it->s / (q->ne[3] / k->ne[3]);
+    /* the cells any of the item's queries sees */
+    int64_t lo = it->m ? n_kv : 0, hi = it->m ? 0 : n_kv;
+    const int64_t h_end = it->m && it->m->ne[2] > 1 ? it->h1 : it->h0 + 1;  /* per-head masks? */
+    for (int64_t r = it->r0; it->m && r < it->r1; ++r)
+        for (int64_t h = it->h0; h < h_end; ++h) {
+            const uint16_t *mr = mask_row(it, r, h);
+            int64_t a = 0, b = n_kv;
+            while (a < b && mr[a] == F16_NEG_INF) ++a;
+            while (b > a && mr[b - 1] == F16_NEG_INF) --b;
+            if (a < b) { if (a < lo) lo = a; if (b > hi) hi = b; }
+        }
+    const int64_t ncell = hi > lo ? hi - lo : 0;
+    const int64_t stride = (ncell + 7) & ~7LL;
+    float *sc = work, *tile = sc + (int64_t)nq * stride, *acc = tile + (int64_t)CT * (D > DV ? D : DV);
+    float *mx = acc + (int64_t)nq * DV, *den = mx + nq;
+    const float *qp[RB * 64];
+    int iq = 0;
+    for (int64_t r = it->r0; r < it->r1; ++r)
+        for (int64_t h = it->h0; h < it->h1; ++h)
+            qp[iq++] = (const float *)(q->data + r * q->nb[1] + h * q->nb[2] + it->s * q->nb[3]);
+    /* pass 1: scores (then -inf where masked, plus the mask's value where not) */
+    for (int64_t c0 = lo; c0 < hi; c0 += CT) {
+        const int nc = (int)(hi - c0 < CT ? hi - c0 : CT);
+        for (int c = 0; c < nc; ++c)
+            f16_to_f32((const uint16_t *)(k->data + (c0 + c) * k->nb[1] + kh * k->nb[2] + ks * k->nb[3]),
+                       tile + (int64_t)c * D, D);
+        scores_tile(qp, nq, tile, nc, D, it->scale, sc + (c0 - lo), stride);
+    }
+    iq = 0;
+    for (int64_t r = it->r0; r < it->r1; ++r)
+        for (int64_t h = it->h0; h < it->h1; ++h, ++iq) {
+            float *row = sc + (int64_t)iq * stride;
+            float m = -INFINITY;
+            const uint16_t *mr = it->m ? mask_row(it, r, h) : NULL;
+            for (int64_t c = 0; c < ncell; ++c) {
+                if (mr && mr[lo + c] == F16_NEG_INF) { row[c] = -INFINITY; continue; }
+                if (mr) row[c] += _cvtsh_ss(mr[lo + c]);
+                if (row[c] > m) m = row[c];
+            }
+            for (int64_t c = ncell; c < stride; ++c) row[c] = -INFINITY;
+            mx[iq] = m;
+            /* pass 2: p = e^(s - max), exactly 0 where masked; the denominator in cell order */
+            float sum = 0.0f;
+            if (m != -INFINITY) {
+                const __m256 mv = _mm256_set1_ps(m), ninf = _mm256_set1_ps(-INFINITY);
+                for (int64_t c = 0; c < stride; c += 8) {
+                    const __m256 s = _mm256_loadu_ps(row + c);
+                    const __m256 dead = _mm256_cmp_ps(s, ninf, _CMP_EQ_OQ);
+                    _mm256_storeu_ps(row + c, _mm256_andnot_ps(dead, exp8(_mm256_sub_ps(s, mv))));
+                }
+                for (int64_t c = 0; c < ncell; ++c) sum += row[c];
+            } else {
+                memset(row, 0, sizeof(float) * (size_t)stride);
+            }
+            den[iq] = sum;
+        }
+    /* pass 3: the weighted sum of V, cell by cell in ascending order */
+    memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)DV);
+    for (int64_t c0 = lo; c0 < hi; c0 += CT) {
+        const int nc = (int)(hi - c0 < CT ? hi - c0 : CT);
+        for (int c = 0; c < nc; ++c)
+            f16_to_f32((const uint16_t *)(v->data + (c0 + c) * v->nb[1] + kh * v->nb[2] + ks * v->nb[3]),
+                       tile + (int64_t)c * DV, DV);
+        pv_tile(sc + (c0 - lo), stride, nq, tile, nc, DV, acc);
+    }
+    iq = 0;
+    for (int64_t r = it->r0; r < it->r1; ++r)
+        for (int64_t h = it->h0; h < it->h1; ++h, ++iq) {
+            const float inv = den[iq] == 0.0f ? 0.0f : 1.0f / den[iq];
+            float *o = (float *)(it->dst + (it->s * it->n_rows * it->n_head + h + r * it->n_head) * it->dst_nb1);
+            const __m256 iv = _mm256_set1_ps(inv), zero = _mm256_setzero_ps();
+            for (int64_t d = 0; d < DV; d += 8)  /* + 0: a -0 left by added zeros is +0 */
+                _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(acc + (int64_t)iq * DV + d), iv), zero));
+        }
+}
+
+void ngs_attn_node(void *t, int ith, int nth, void *user);
+
+static bool supported(const attn_hook_t *u, const void *t) {
+    const void *qt = src_of(u, t, 0), *kt = src_of(u, t, 1), *vt = src_of(u, t, 2);
+    const void *mt = src_of(u, t, 3), *st = src_of(u, t, 4);
+    if (!qt || !kt || !vt || st) return false;
+    const tview_t q = view_of(u, qt), k = view_of(u, kt), v = view_of(u, vt), dst = view_of(u, t);
+    float params[3];
+    memcpy(params, (const char *)t + u->op_params_off, sizeof params);
+    if (params[1] != 0.0f || params[2] != 0.0f) return false;  /* ALiBi, soft-capping */
+    if (q.type != u->type_f32 || k.type != u->type_f16 || v.type != u->type_f16) return false;
+    if (dst.type != u->type_f32 || dst.nb[0] != 4 || dst.nb[1] != (size_t)v.ne[0] * 4) return false;
+    if (q.nb[0] != 4 || k.nb[0] != 2 || v.nb[0] != 2) return false;
+    if (q.ne[0] != k.ne[0] || k.ne[0] % 32 || v.ne[0] % 32 || k.ne[0] > MAX_D || v.ne[0] > MAX_D)
+        return false;
+    if (k.ne[1] != v.ne[1] || k.ne[2] != v.ne[2] || k.ne[3] != v.ne[3]) return false;
+    if (q.ne[2] % k.ne[2] || q.ne[3] % k.ne[3] || q.ne[2] / k.ne[2] > 64) return false;
+    if (dst.ne[1] != q.ne[2] || dst.ne[2] != q.ne[1]) return false;
+    if (mt) {
+        const tview_t m = view_of(u, mt);
+        if (m.type != u->type_f16 || m.nb[0] != 2 || m.ne[0] < k.ne[1] || m.ne[1] < q.ne[1])
+            return false;
+    }
+    return true;
+}
+
+/* Floats of scratch one thread needs for node t. */
+static int64_t work_needed(const attn_hook_t *u, const void *t) {
+    const tview_t q = view_of(u, src_of(u, t, 0)), k = view_of(u, src_of(u, t, 1));
+    const tview_t v = view_of(u, src_of(u, t, 2));
+    const int64_t G = q.ne[2] / k.ne[2], D = k.ne[0] > v.ne[0] ? k.ne[0] : v.ne[0];
+    return (int64_t)RB * G * ((k.ne[1] + 7) & ~7LL) + CT * D + RB * G * v.ne[0] + 2 * RB * G + 64;
+}
+
+/* Scratch for node t, grown before the node is taken over (false: none to be had). */
+static bool reserve(attn_hook_t *u, const void *t) {
+    const int64_t need = work_needed(u, t);
+    if (need <= u->work_floats) return true;
+    float *w = malloc(sizeof(float) * (size_t)need * (size_t)u->nth);
+    if (!w) return false;
+    free(u->work);
+    u->work = w;
+    u->work_floats = need;
+    return true;
+}
+
+void ngs_attn_free(attn_hook_t *u) {
+    free(u->work);
+    u->work = NULL;
+    u->work_floats = 0;
+}
+
+/* Thread ith of nth of a taken node: its share of the work items (a row block of a
+ * stream's KV head, its heads split in two or four when there are fewer items than
+ * threads), each computed whole by one thread. */
+void ngs_attn_node(void *t, int ith, int nth, void *user) {
+    const attn_hook_t *u = (const attn_hook_t *)user;
+    if (u->oom) return;  /* Python raises after the decode (own_attention.Hook.check) */
+    const void *mt = src_of(u, t, 3);
+    tview_t q = view_of(u, src_of(u, t, 0)), k = view_of(u, src_of(u, t, 1));
+    tview_t v = view_of(u, src_of(u, t, 2)), dst = view_of(u, t), m;
+    if (mt) m = view_of(u, mt);
+    float scale;
+    memcpy(&scale, (const char *)t + u->op_params_off + KEPT, sizeof scale);
+    const int64_t N = q.ne[1], H = q.ne[2], S = q.ne[3], HKV = k.ne[2], G = H / HKV;
+    const int64_t nrb = (N + RB - 1) / RB;
+    int64_t split = 1;
+    while (S * HKV * nrb * split < nth && split < G && G % (split * 2) == 0) split *= 2;
+    const int64_t n_items = S * HKV * nrb * split;
+    for (int64_t i = ith; i < n_items; i += nth) {
+        int64_t x = i;
+        const int64_t part = x % split; x /= split;
+        const int64_t rb = x % nrb; x /= nrb;
+        const int64_t g = x % HKV, s = x / HKV;
+        item_t it = {&q, &k, &v, mt ? &m : NULL, scale, s, g, rb * RB,
+                     (rb + 1) * RB < N ? (rb + 1) * RB : N,
+                     g * G + part * (G / split), g * G + (part + 1) * (G / split),
+                     dst.data, dst.nb[1], H, N};
+        run_item(&it, u->work + (int64_t)ith * u->work_floats);
+    }
+}
+
+static bool is_ours(const attn_hook_t *u, const void *t) {
+    custom_params_t p;
+    memcpy(&p, (const char *)t + u->op_params_off, sizeof p);
+    return p.fun == ngs_attn_node && p.userdata == (const void *)u;
+}
+
+/* llama.cpp's cb_eval. Asked about each node before it is computed: makes each
+ * FLASH_ATTN_EXT node it supports a CUSTOM node of `ngs_attn_node` (a node made so in
+ * an earlier decode of a reused graph stays so), reserving its scratch first; with
+ * `enabled` off, gives such nodes back to llama.cpp. Never wants a node itself. */
+bool ngs_attn_cb(void *t, bool ask, void *user) {
+    attn_hook_t *u = (attn_hook_t *)user;
+    if (ask) {
+        int32_t *op = (int32_t *)((char *)t + u->op_off);
+        char *params = (char *)t + u->op_params_off;
+        if (*op == u->op_fa) {
+            if (u->enabled && supported(u, t)) {
+                if (!reserve(u, t)) u->oom = 1;  /* taken all the same: never llama.cpp's */
+                memcpy(params + KEPT, params, 16);
+                const custom_params_t p = {ngs_attn_node, u->nth, u};
+                memcpy(params, &p, sizeof p);
+                *op = u->op_custom;
+                u->n_done++;
+            } else {
+                u->n_declined++;
+            }
+        } else if (*op == u->op_custom && is_ours(u, t)) {
+            if (!u->enabled) {
+                memcpy(params, params + KEPT, 16);
+                *op = u->op_fa;
+                u->n_declined++;
+            } else {
+                if (!reserve(u, t)) u->oom = 1;
+                u->n_done++;
+            }
+        }
+    }
+    return u->next ? u->next(t, ask, u->next_user) : !ask;
+}

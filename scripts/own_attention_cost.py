@@ -1,0 +1,163 @@
+#!/usr/bin/env python
+"""Flash attention computed by ngramspec (a prototype, not used by the engine): what it
+costs against llama.cpp's kernels, and whether a row's values stay independent of its
+batch.
+
+    .venv/bin/python scripts/own_attention_cost.py [gen] [prompt]
+
+`scripts/own_attention.c` (its header says how) is compiled with the system's C
+compiler into a temporary folder; a context's eval callback turns every supported
+FLASH_ATTN_EXT node into a GGML_OP_CUSTOM node of that kernel before ggml computes the
+graph (no split of the graph), or leaves it to llama.cpp when `enabled` is 0, so the
+two are alternated on the same context and the same KV cells:
+- gen: a batch-invariant context as the engine's main one (not repacked, reference
+  attention path, our output layer off), 1 and 8 streams of 1,500 cells; a row's
+  logits alone, among 16 rows and beside other streams (bit-identical?), ours against
+  llama.cpp's (max difference, argmax), and decode times by shape, alternated, the
+  median of 3 rounds of medians of 7;
+- prompt: the prefill twin's context (repacked weights, one stream, full-size SWA
+  cache): the 2,196-token bench prompt in 512-token chunks, cells identical for chunks
+  of 512 / 200 / 96 (ours), and the time, alternated four times.
+Diagnostic only; run alone on a quiet machine (one model process).
+"""
+from __future__ import annotations
+
+import ctypes as C
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import numpy as np  # noqa: E402
+
+from ngramspec.model import Model  # noqa: E402
+from ngramspec.own_head import CFLAGS, _ggml, _tensor_offsets  # noqa: E402
+from ngramspec.pipeline_bench import long_text  # noqa: E402
+from output_layer_cost import make_context, median_ms  # noqa: E402
+
+SOURCE = Path(__file__).with_name("own_attention.c")
+
+
+class AttnHook(C.Structure):
+    """own_attention.c's attn_hook_t, field by field."""
+    _fields_ = [(n, C.c_int64) for n in ("type_off", "ne_off", "nb_off", "op_off",
+                                         "op_params_off", "src_off", "data_off")] + \
+               [(n, C.c_int32) for n in ("op_fa", "op_custom", "type_f32", "type_f16", "nth",
+                                         "enabled", "oom")] + \
+               [("n_done", C.c_int64), ("n_declined", C.c_int64), ("next", C.c_void_p),
+                ("next_user", C.c_void_p), ("work", C.c_void_p), ("work_floats", C.c_int64)]
+
+
+def kernel(threads: int) -> tuple[C.CDLL, AttnHook, int]:
+    """The compiled kernel, a hook for it, and its callback's address."""
+    out = Path(tempfile.mkdtemp()) / "own_attention.so"
+    subprocess.run(["cc", *CFLAGS, "-o", str(out), str(SOURCE)], check=True)
+    lib = C.CDLL(str(out))
+    base, off = _ggml()[0], _tensor_offsets()
+    op: dict[bytes, int] = {}
+    for i in range(200):  # ggml_op_name reads past its table beyond GGML_OP_COUNT: stop early
+        op[base.ggml_op_name(i)] = i
+        if b"FLASH_ATTN_EXT" in op and b"CUSTOM" in op:
+            break
+    hook = AttnHook(type_off=off["type"], ne_off=off["ne"], nb_off=off["nb"], op_off=off["op"],
+                    op_params_off=off["op"] + 4, src_off=off["src"], data_off=off["data"],
+                    op_fa=op[b"FLASH_ATTN_EXT"], op_custom=op[b"CUSTOM"], type_f32=0, type_f16=1,
+                    nth=threads, enabled=1)
+    return lib, hook, C.cast(lib.ngs_attn_cb, C.c_void_p).value
+
+
+def gen(model: Model, hook: AttnHook, cb, n_seq: int, shapes, cells: int = 1500) -> None:
+    import llama_cpp
+
+    ctx = make_context(model, n_seq, llama_cpp.ggml_backend_sched_eval_callback(cb), True,
+                       C.pointer(hook))
+    toks = list(model.tokenize(long_text(12000)))
+    for s in range(n_seq):
+        for a in range(0, cells, 63):
+            ctx.decode([(s, toks[s * 30 + a:s * 30 + min(a + 63, cells)], a, False)])
+
+    def logits(entries, on):
+        hook.enabled = on
+        for s, _, p0, _ in entries:
+            ctx.truncate(s, p0)
+        rows = ctx.decode(entries)
+        return [ctx.logits_at(i).copy() for r in rows for i in r]
+    if n_seq > 2:
+        draft, others = toks[cells:cells + 16], [(1, toks[cells + 50:cells + 53], cells, True),
+                                                 (2, toks[cells + 90:cells + 91], cells, True)]
+        for on in (1, 0):
+            alone = logits([(0, draft[:1], cells, True)], on)
+            among = logits([(0, draft, cells, True)], on)
+            crowd = logits([(0, draft, cells, True)] + others, on)
+            same = all((a == b).all() for a, b in zip(among, crowd))
+            print(f"{'ours' if on else 'llama.cpp'}: a row alone == among 16: "
+                  f"{(alone[0] == among[0]).all()}; 16 rows == beside 2 more streams: {same}")
+        ours, theirs = logits([(0, draft, cells, True)], 1), logits([(0, draft, cells, True)], 0)
+        diff = max(float(np.abs(a - b).max()) for a, b in zip(ours, theirs))
+        agree = sum(int(np.argmax(a) == np.argmax(b)) for a, b in zip(ours, theirs))
+        print(f"ours vs llama.cpp's, 16 rows: max |logit difference| {diff:.3f}, "
+              f"argmax the same in {agree}/16")
+    for shape in shapes:
+        entries = [(s, toks[cells + 10 * s:cells + 10 * s + n], cells, True) for s, n in shape]
+        res: dict[int, list[float]] = {1: [], 0: []}
+        for _ in range(3):
+            for on in (1, 0):
+                logits(entries, on)
+                res[on].append(median_ms(lambda: logits(entries, on), 7))
+        a, b = statistics.median(res[1]), statistics.median(res[0])
+        print(f"decode {len(shape)} x {shape[0][1]} at {cells} cells: ours {a:.1f} ms, "
+              f"llama.cpp {b:.1f} ms ({a / b:.2f})", flush=True)
+    hook.enabled = 1
+    ctx.close()
+
+
+def prompt(path: str, hook: AttnHook, cb) -> None:
+    import llama_cpp
+
+    twin = Model(path, use_extra_bufts=True)
+    toks = list(twin.tokenize(long_text(8000)))
+    ctx = make_context(twin, 1, llama_cpp.ggml_backend_sched_eval_callback(cb), True,
+                       C.pointer(hook), n_ctx=4096, reference_attention=False, swa_full=True)
+
+    def prefill(chunk: int, on: int) -> bytes:
+        hook.enabled = on
+        ctx.truncate(0, 0)
+        for a in range(0, len(toks), chunk):
+            part = toks[a:a + chunk]
+            rows = max(64, len(part))
+            ctx.run_rows([(0, part, a, None)], {0: rows + (-rows) % 4 - len(part)})
+        return bytes(ctx.seq_state(0))
+    print("ours: prompt cells identical for chunks of 512 / 200 / 96:",
+          prefill(512, 1) == prefill(200, 1) == prefill(96, 1))
+    res: dict[int, list[float]] = {1: [], 0: []}
+    for _ in range(4):
+        for on in (1, 0):
+            t0 = time.perf_counter()
+            prefill(512, on)
+            res[on].append(time.perf_counter() - t0)
+    a, b = statistics.median(res[1]), statistics.median(res[0])
+    print(f"prompt of {len(toks)} tokens: ours {len(toks) / a:.0f} tok/s, llama.cpp "
+          f"{len(toks) / b:.0f} tok/s ({b / a:.2f}x; seconds ours {res[1]}, llama.cpp {res[0]})")
+    ctx.close()
+
+
+def main() -> None:
+    what = set(sys.argv[1:]) or {"gen", "prompt"}
+    model = Model()
+    lib, hook, cb = kernel(2)
+    if "gen" in what:
+        gen(model, hook, cb, 1, [[(0, 1)], [(0, 4)], [(0, 16)], [(0, 32)]])
+        gen(model, hook, cb, 8, [[(s, 1) for s in range(4)], [(s, 4) for s in range(4)],
+                                 [(s, 1) for s in range(8)], [(s, 2) for s in range(8)]])
+    if "prompt" in what:
+        prompt(model.path, hook, cb)
+    print(f"attention nodes taken {hook.n_done}, left to llama.cpp {hook.n_declined}")
+
+
+if __name__ == "__main__":
+    main()
