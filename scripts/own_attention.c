@@ -32,6 +32,7 @@
 #define CT 32          /* cells per K/V tile */
 #define RB 8           /* query rows per work item */
 #define MAX_D 512
+#define FEW 4          /* at most this many queries in an item read K and V as F16 directly */
 #define F16_NEG_INF 0xFC00
 
 typedef bool (*eval_cb_t)(void *, bool, void *);
@@ -254,8 +255,19 @@ static void run_item(const item_t *it, float *work) {
     for (int64_t r = it->r0; r < it->r1; ++r)
         for (int64_t h = it->h0; h < it->h1; ++h)
             qp[iq++] = (const float *)(q->data + r * q->nb[1] + h * q->nb[2] + it->s * q->nb[3]);
-    /* pass 1: scores (then -inf where masked, plus the mask's value where not) */
-    for (int64_t c0 = lo; c0 < hi; c0 += CT) {
+    /* pass 1: scores (then -inf where masked, plus the mask's value where not); a few
+     * queries read K as F16 directly (the same values: the conversion is exact) */
+    for (int64_t c = lo; nq <= FEW && c < hi; ++c) {
+        const uint16_t *kc = (const uint16_t *)(k->data + c * k->nb[1] + kh * k->nb[2] + ks * k->nb[3]);
+        __m256 a[FEW];
+        for (int j = 0; j < nq; ++j) a[j] = _mm256_setzero_ps();
+        for (int64_t d = 0; d < D; d += 8) {
+            const __m256 kv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(kc + d)));
+            for (int j = 0; j < nq; ++j) a[j] = _mm256_fmadd_ps(_mm256_loadu_ps(qp[j] + d), kv, a[j]);
+        }
+        for (int j = 0; j < nq; ++j) sc[(int64_t)j * stride + (c - lo)] = lanes_sum(a[j]) * it->scale;
+    }
+    for (int64_t c0 = lo; nq > FEW && c0 < hi; c0 += CT) {
         const int nc = (int)(hi - c0 < CT ? hi - c0 : CT);
         for (int c = 0; c < nc; ++c)
             f16_to_f32((const uint16_t *)(k->data + (c0 + c) * k->nb[1] + kh * k->nb[2] + ks * k->nb[3]),
@@ -292,7 +304,25 @@ static void run_item(const item_t *it, float *work) {
         }
     /* pass 3: the weighted sum of V, cell by cell in ascending order */
     memset(acc, 0, sizeof(float) * (size_t)nq * (size_t)DV);
-    for (int64_t c0 = lo; c0 < hi; c0 += CT) {
+    for (int64_t d = 0; nq <= FEW && d < DV; d += 32) {  /* V read as F16 directly */
+        for (int j = 0; j < nq; ++j) {
+            float *o = acc + (int64_t)j * DV + d;
+            const float *pj = sc + (int64_t)j * stride;
+            __m256 x0 = _mm256_loadu_ps(o), x1 = _mm256_loadu_ps(o + 8);
+            __m256 x2 = _mm256_loadu_ps(o + 16), x3 = _mm256_loadu_ps(o + 24);
+            for (int64_t c = lo; c < hi; ++c) {
+                const uint16_t *vc = (const uint16_t *)(v->data + c * v->nb[1] + kh * v->nb[2] + ks * v->nb[3]) + d;
+                const __m256 b = _mm256_broadcast_ss(pj + (c - lo));
+                x0 = _mm256_fmadd_ps(b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)vc)), x0);
+                x1 = _mm256_fmadd_ps(b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vc + 8))), x1);
+                x2 = _mm256_fmadd_ps(b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vc + 16))), x2);
+                x3 = _mm256_fmadd_ps(b, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(vc + 24))), x3);
+            }
+            _mm256_storeu_ps(o, x0); _mm256_storeu_ps(o + 8, x1);
+            _mm256_storeu_ps(o + 16, x2); _mm256_storeu_ps(o + 24, x3);
+        }
+    }
+    for (int64_t c0 = lo; nq > FEW && c0 < hi; c0 += CT) {
         const int nc = (int)(hi - c0 < CT ? hi - c0 : CT);
         for (int c = 0; c < nc; ++c)
             f16_to_f32((const uint16_t *)(v->data + (c0 + c) * v->nb[1] + kh * v->nb[2] + ks * v->nb[3]),
