@@ -374,6 +374,12 @@ class ContextParams:
     # where it is bit-identical to llama.cpp's; batch-invariant contexts only
     own_head: bool = True
 
+    @property
+    def ubatch(self) -> int:
+        """The ubatch size llama.cpp will use: n_ubatch (n_batch when unset), at most
+        n_batch, as llama.cpp clamps it."""
+        return min(self.n_ubatch or self.n_batch, self.n_batch)
+
 
 class Context:
     """A llama.cpp context: KV cache for up to n_seq_max sequences, batched decode."""
@@ -387,7 +393,7 @@ class Context:
         cp = lc.llama_context_default_params()
         cp.n_ctx = params.n_ctx
         cp.n_batch = params.n_batch
-        cp.n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch)
+        cp.n_ubatch = params.ubatch
         cp.n_seq_max = params.n_seq_max
         cp.n_threads = params.n_threads
         cp.n_threads_batch = params.n_threads_batch or params.n_threads

@@ -150,8 +150,7 @@ def generation_params(params: ContextParams) -> ContextParams:
     U) and what llama.cpp reserves: a window-size SWA stream holds n_swa + n_ubatch
     cells (Gemma 3: 768 instead of 1,024 a slot, -30 MiB at 8 slots), and the compute
     buffer is sized for n_ubatch rows."""
-    n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch, GENERATION_UBATCH)
-    return replace(params, n_ubatch=n_ubatch)
+    return replace(params, n_ubatch=min(params.ubatch, GENERATION_UBATCH))
 
 
 def twin_pads(n: int) -> int:
@@ -199,7 +198,7 @@ class PrefillTwin:
     def usable(params: ContextParams) -> bool:
         """A twin needs chunks that never split (n_ubatch a multiple of GEMM_ROWS, at
         least 64 rows, no more than n_batch)."""
-        n_ubatch = min(params.n_ubatch or params.n_batch, params.n_batch)
+        n_ubatch = params.ubatch
         return params.batch_invariant and n_ubatch >= TILED_PREFILL_MIN and n_ubatch % GEMM_ROWS == 0
 
     def _room(self, n: int) -> None:
