@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import allocator, gguf_types, own_head, ref_attention, ubatch
+from . import allocator, gguf_types, own_attention, own_head, ref_attention, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -373,6 +373,9 @@ class ContextParams:
     # generation decodes with 2+ logit rows take ngramspec's output layer (own_head.py),
     # where it is bit-identical to llama.cpp's; batch-invariant contexts only
     own_head: bool = True
+    # flash attention computed by ngramspec (own_attention.py): a row's values whatever
+    # its batch; batch-invariant contexts only
+    own_attention: bool = True
 
     @property
     def ubatch(self) -> int:
@@ -410,8 +413,10 @@ class Context:
         cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
         self.head = self._hook_head(lc, model, params, cp)
+        self.attention = self._hook_attention(params, cp)  # chains the head's callback
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
+            self._free_hooks()
             raise ModelError(f"llama.cpp could not create a context of {params.n_ctx} tokens "
                              f"for {model.path}; try a smaller -c/--ctx-size")
         self.n_ctx = lc.llama_n_ctx(self.ptr)
@@ -455,6 +460,22 @@ class Context:
             head.install(cp)
         return head
 
+    @staticmethod
+    def _hook_attention(params: ContextParams, cp) -> "own_attention.Hook | None":
+        """Our flash attention's eval callback, put into llama_context_params `cp` (after
+        the output layer's, which it chains) where the context may use it."""
+        if not (params.batch_invariant and params.own_attention):
+            return None
+        hook = own_attention.Hook.create(params.n_threads_batch or params.n_threads)
+        if hook is not None:
+            hook.install(cp)
+        return hook
+
+    def _free_hooks(self) -> None:
+        if getattr(self, "attention", None) is not None:
+            self.attention.close()
+            self.attention = None
+
     @property
     def prefill_chunk(self) -> int:
         """Most tokens of one prompt chunk (`prefill`): the twin's ubatch where it
@@ -482,6 +503,7 @@ class Context:
         if getattr(self, "ptr", None):
             lc.llama_free(self.ptr)
             self.ptr = None
+        self._free_hooks()  # after the context: its graphs call into them until then
 
     def __del__(self):  # pragma: no cover
         if _EXITING:
@@ -585,10 +607,15 @@ class Context:
             for seq_id, tokens, pos0, _ in entries:
                 self.keep_window_ordered(seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
         rc = lc.llama_decode(self.ptr, b)
-        if rc != 0:
+        try:
+            if rc != 0:
+                raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
+            if self.attention is not None:
+                self.attention.check()
+        except BaseException:
             if armed:
                 self.head.disarm()
-            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
+            raise
         if armed:  # our output layer: the rows' logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
             order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)

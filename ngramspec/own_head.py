@@ -29,29 +29,15 @@ Set NGRAMSPEC_OWN_HEAD=0 to turn it off.
 from __future__ import annotations
 
 import ctypes as C
-import hashlib
 import os
-import platform
-import subprocess
-import tempfile
-import threading
 from functools import cache
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from . import ubatch
-from .host import cpu_flags, loaded
-from .paths import cache_dir
+from . import native_lib, ubatch
 
-SOURCE = Path(__file__).with_name("native") / "q8_head.c"
-#: the instruction sets the intrinsics name and no others (not -march=native: a VM may
-#: advertise extensions it traps), and no contraction of products the source keeps apart
-CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-GGML_TYPE_Q8_0 = 8
 QK8_0 = 32
-_BUILD_LOCK = threading.Lock()
 
 
 class _Hook(C.Structure):
@@ -64,104 +50,23 @@ class _Hook(C.Structure):
                 ("head_is_output", C.c_int32)]
 
 
-class _TypeTraitsCpu(C.Structure):
-    _fields_ = [("from_float", C.c_void_p), ("vec_dot", C.c_void_p),
-                ("vec_dot_type", C.c_int), ("nrows", C.c_int64)]
-
-
 def wanted() -> bool:
-    """Whether this machine can run the kernel at all: x86-64 with AVX2, FMA and F16C,
-    and not turned off (NGRAMSPEC_OWN_HEAD=0)."""
-    if os.environ.get("NGRAMSPEC_OWN_HEAD", "1") == "0":
-        return False
-    if platform.machine().lower() not in ("x86_64", "amd64"):
-        return False
-    return {"avx2", "fma", "f16c"} <= cpu_flags()
+    """Whether this machine can run the kernel at all (native_lib.cpu_ok) and it is not
+    turned off (NGRAMSPEC_OWN_HEAD=0)."""
+    return os.environ.get("NGRAMSPEC_OWN_HEAD", "1") != "0" and native_lib.cpu_ok()
 
 
 @cache
 def library() -> C.CDLL | None:
-    """The compiled kernel (built once per source version and flags into the cache
-    folder with the system's C compiler, `CFLAGS`), or None where it cannot be built or
-    loaded."""
-    if not wanted():
-        return None
-    src = SOURCE.read_bytes()
-    cc = os.environ.get("CC", "cc")
-    build = " ".join((cc, *CFLAGS, platform.machine())).encode()
-    tag = hashlib.sha256(src + build).hexdigest()[:16]
-    out = cache_dir() / "native" / f"q8_head-{tag}.so"
-    with _BUILD_LOCK:
-        if not out.exists() and not _build(cc, out):
-            return None
-    try:
-        lib = C.CDLL(str(out))
-    except OSError:
+    """The compiled kernel (native_lib.library), or None where it cannot be had or is
+    turned off."""
+    lib = native_lib.library("q8_head") if wanted() else None
+    if lib is None:
         return None
     lib.ngs_q8_0_head.restype = C.c_int
     lib.ngs_q8_0_head.argtypes = [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p, C.c_int64,
                                   C.c_void_p, C.c_int, C.c_void_p, C.c_int, C.c_void_p]
     return lib
-
-
-def _build(cc: str, out: Path) -> bool:
-    """Compile SOURCE into `out` (atomically: a temporary file renamed). False where the
-    folder cannot be written or the compiler is missing or fails."""
-    tmp = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=out.parent)
-        os.close(fd)
-        subprocess.run([cc, *CFLAGS, "-o", tmp, str(SOURCE)], check=True, capture_output=True,
-                       timeout=120)
-        os.replace(tmp, out)
-        return True
-    except (OSError, subprocess.SubprocessError):
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        return False
-
-
-@cache
-def _ggml() -> tuple[C.CDLL, int, int] | None:
-    """(libggml-base, GGML_OP_MUL_MAT, the CPU backend's Q8_0 quantizer `from_float`), from
-    the copies llama.cpp loaded; None where they cannot be found."""
-    base, cpu = loaded("ggml-base"), loaded("ggml-cpu")
-    if base is None or cpu is None:
-        return None
-    base.ggml_op_name.restype, base.ggml_op_name.argtypes = C.c_char_p, [C.c_int]
-    base.ggml_get_name.restype, base.ggml_get_name.argtypes = C.c_void_p, [C.c_void_p]
-    op = next(i for i in range(200) if base.ggml_op_name(i) == b"MUL_MAT")
-    cpu.ggml_get_type_traits_cpu.restype = C.POINTER(_TypeTraitsCpu)
-    cpu.ggml_get_type_traits_cpu.argtypes = [C.c_int]
-    return base, op, cpu.ggml_get_type_traits_cpu(GGML_TYPE_Q8_0).contents.from_float
-
-
-@cache
-def _tensor_offsets() -> dict[str, int] | None:
-    """Field offsets of struct ggml_tensor (ggml.h) on this build, checked on a tensor
-    made here (name through ggml_get_name, the rest from the header's layout); None if
-    the build lays it out otherwise."""
-    base = _ggml()[0]
-
-    class Init(C.Structure):
-        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
-    base.ggml_init.restype, base.ggml_init.argtypes = C.c_void_p, [Init]
-    base.ggml_new_tensor_2d.restype = C.c_void_p
-    base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
-    base.ggml_free.argtypes = [C.c_void_p]
-    ctx = base.ggml_init(Init(1 << 16, None, True))
-    try:
-        t = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 3)
-        off = {"type": 0, "ne": 16, "nb": 48, "op": 80, "src": 152, "data": 248,
-               "name": base.ggml_get_name(t) - t}
-        ne = [C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in range(2)]
-        nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
-        same = (off["name"] == 256 and ne == [64, 3] and nb1 == 68
-                and C.c_int.from_address(t + off["type"]).value == GGML_TYPE_Q8_0)
-        return off if same else None
-    finally:
-        base.ggml_free(ctx)
 
 
 class Hook:
@@ -175,13 +80,14 @@ class Hook:
     @classmethod
     def create(cls, n_embd: int, max_rows: int, n_threads: int) -> "Hook | None":
         lib = library()
-        if lib is None or _ggml() is None or _tensor_offsets() is None:
+        if lib is None or native_lib.tensor_offsets() is None or native_lib.op_code("MUL_MAT") is None:
             return None
         return cls(lib, n_embd, max_rows, n_threads)
 
     def __init__(self, lib: C.CDLL, n_embd: int, max_rows: int, n_threads: int):
-        base, op, self.from_float = _ggml()
-        off = _tensor_offsets()
+        self.from_float = native_lib.from_float(native_lib.GGML_TYPE_Q8_0)
+        op = native_lib.op_code("MUL_MAT")
+        off = native_lib.tensor_offsets()
         self.lib, self.n_embd, self.n_threads = lib, n_embd, n_threads
         self.rows = np.zeros((max_rows, n_embd), np.float32)
         self.hook = _Hook(name_off=off["name"], data_off=off["data"], ne_off=off["ne"],
@@ -201,11 +107,11 @@ class Hook:
     def _find_weight(self) -> tuple[int, int] | None:
         """The output layer's weight as (data, rows) if it is a plain contiguous Q8_0
         matrix multiplied into `result_output` itself, else None."""
-        off, h = _tensor_offsets(), self.hook
+        off, h = native_lib.tensor_offsets(), self.hook
         if not h.head or not h.head_is_output:
             return None
         t = h.head
-        if C.c_int.from_address(t + off["type"]).value != GGML_TYPE_Q8_0:
+        if C.c_int.from_address(t + off["type"]).value != native_lib.GGML_TYPE_Q8_0:
             return None
         ne0, ne1 = (C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in (0, 1))
         nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value

@@ -1,15 +1,15 @@
 #!/usr/bin/env python
-"""Flash attention computed by ngramspec (a prototype, not used by the engine): what it
-costs against llama.cpp's kernels, and whether a row's values stay independent of its
+"""Flash attention computed by ngramspec (own_attention.py): what it costs against
+llama.cpp's kernels, and whether a row's values stay independent of its
 batch.
 
     .venv/bin/python scripts/own_attention_cost.py [gen] [prompt]
 
-`scripts/own_attention.c` (its header says how) is compiled with the system's C
-compiler into a temporary folder; a context's eval callback turns every supported
-FLASH_ATTN_EXT node into a GGML_OP_CUSTOM node of that kernel before ggml computes the
-graph (no split of the graph), or leaves it to llama.cpp when `enabled` is 0, so the
-two are alternated on the same context and the same KV cells:
+The engine's kernel (`ngramspec/native/attention.c`, installed by
+`ngramspec/own_attention.py` into every batch-invariant context) turns every supported
+FLASH_ATTN_EXT node into a GGML_OP_CUSTOM node before ggml computes the graph, or
+leaves it to llama.cpp while its hook's `enabled` is 0, so the two are alternated on
+the same context and the same KV cells:
 - gen: a batch-invariant context as the engine's main one (not repacked, reference
   attention path, our output layer off), 1 and 8 streams of 1,500 cells; a row's
   logits alone, among 16 rows and beside other streams (bit-identical?), ours against
@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import ctypes as C
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -36,46 +34,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 from ngramspec.model import Model  # noqa: E402
-from ngramspec.own_head import CFLAGS, _ggml, _tensor_offsets  # noqa: E402
 from ngramspec.pipeline_bench import long_text  # noqa: E402
 from output_layer_cost import make_context, median_ms  # noqa: E402
 
-SOURCE = Path(__file__).with_name("own_attention.c")
+
+def attention(ctx) -> C.Structure:
+    """The context's attention hook (own_attention.py) that `enabled` toggles; exits
+    where this machine cannot run the kernel."""
+    if ctx.attention is None:
+        sys.exit("the attention kernel is not available here (own_attention.wanted/cpu_ok)")
+    return ctx.attention.hook
 
 
-class AttnHook(C.Structure):
-    """own_attention.c's attn_hook_t, field by field."""
-    _fields_ = [(n, C.c_int64) for n in ("type_off", "ne_off", "nb_off", "op_off",
-                                         "op_params_off", "src_off", "data_off")] + \
-               [(n, C.c_int32) for n in ("op_fa", "op_custom", "type_f32", "type_f16", "nth",
-                                         "enabled", "oom")] + \
-               [("n_done", C.c_int64), ("n_declined", C.c_int64), ("next", C.c_void_p),
-                ("next_user", C.c_void_p), ("work", C.c_void_p), ("work_floats", C.c_int64)]
-
-
-def kernel(threads: int) -> tuple[C.CDLL, AttnHook, int]:
-    """The compiled kernel, a hook for it, and its callback's address."""
-    out = Path(tempfile.mkdtemp()) / "own_attention.so"
-    subprocess.run(["cc", *CFLAGS, "-o", str(out), str(SOURCE)], check=True)
-    lib = C.CDLL(str(out))
-    base, off = _ggml()[0], _tensor_offsets()
-    op: dict[bytes, int] = {}
-    for i in range(200):  # ggml_op_name reads past its table beyond GGML_OP_COUNT: stop early
-        op[base.ggml_op_name(i)] = i
-        if b"FLASH_ATTN_EXT" in op and b"CUSTOM" in op:
-            break
-    hook = AttnHook(type_off=off["type"], ne_off=off["ne"], nb_off=off["nb"], op_off=off["op"],
-                    op_params_off=off["op"] + 4, src_off=off["src"], data_off=off["data"],
-                    op_fa=op[b"FLASH_ATTN_EXT"], op_custom=op[b"CUSTOM"], type_f32=0, type_f16=1,
-                    nth=threads, enabled=1)
-    return lib, hook, C.cast(lib.ngs_attn_cb, C.c_void_p).value
-
-
-def gen(model: Model, hook: AttnHook, cb, n_seq: int, shapes, cells: int = 1500) -> None:
-    import llama_cpp
-
-    ctx = make_context(model, n_seq, llama_cpp.ggml_backend_sched_eval_callback(cb), True,
-                       C.pointer(hook))
+def gen(model: Model, n_seq: int, shapes, cells: int = 1500) -> tuple[int, int]:
+    ctx = make_context(model, n_seq, None, True, own_attention=True)
+    hook = attention(ctx)
     toks = list(model.tokenize(long_text(12000)))
     for s in range(n_seq):
         for a in range(0, cells, 63):
@@ -114,15 +87,15 @@ def gen(model: Model, hook: AttnHook, cb, n_seq: int, shapes, cells: int = 1500)
               f"llama.cpp {b:.1f} ms ({a / b:.2f})", flush=True)
     hook.enabled = 1
     ctx.close()
+    return hook.n_done, hook.n_declined
 
 
-def prompt(path: str, hook: AttnHook, cb) -> None:
-    import llama_cpp
-
+def prompt(path: str) -> tuple[int, int]:
     twin = Model(path, use_extra_bufts=True)
     toks = list(twin.tokenize(long_text(8000)))
-    ctx = make_context(twin, 1, llama_cpp.ggml_backend_sched_eval_callback(cb), True,
-                       C.pointer(hook), n_ctx=4096, reference_attention=False, swa_full=True)
+    ctx = make_context(twin, 1, None, True, n_ctx=4096, reference_attention=False,
+                       swa_full=True, own_attention=True)
+    hook = attention(ctx)
 
     def prefill(chunk: int, on: int) -> bytes:
         hook.enabled = on
@@ -143,20 +116,23 @@ def prompt(path: str, hook: AttnHook, cb) -> None:
     a, b = statistics.median(res[1]), statistics.median(res[0])
     print(f"prompt of {len(toks)} tokens: ours {len(toks) / a:.0f} tok/s, llama.cpp "
           f"{len(toks) / b:.0f} tok/s ({b / a:.2f}x; seconds ours {res[1]}, llama.cpp {res[0]})")
+    hook.enabled = 1
     ctx.close()
+    return hook.n_done, hook.n_declined
 
 
 def main() -> None:
     what = set(sys.argv[1:]) or {"gen", "prompt"}
     model = Model()
-    lib, hook, cb = kernel(2)
+    counts = []
     if "gen" in what:
-        gen(model, hook, cb, 1, [[(0, 1)], [(0, 4)], [(0, 16)], [(0, 32)]])
-        gen(model, hook, cb, 8, [[(s, 1) for s in range(4)], [(s, 4) for s in range(4)],
-                                 [(s, 1) for s in range(8)], [(s, 2) for s in range(8)]])
+        counts.append(gen(model, 1, [[(0, 1)], [(0, 4)], [(0, 16)], [(0, 32)]]))
+        counts.append(gen(model, 8, [[(s, 1) for s in range(4)], [(s, 4) for s in range(4)],
+                                     [(s, 1) for s in range(8)], [(s, 2) for s in range(8)]]))
     if "prompt" in what:
-        prompt(model.path, hook, cb)
-    print(f"attention nodes taken {hook.n_done}, left to llama.cpp {hook.n_declined}")
+        counts.append(prompt(model.path))
+    print(f"attention nodes taken {sum(c[0] for c in counts)}, left to llama.cpp "
+          f"{sum(c[1] for c in counts)}")
 
 
 if __name__ == "__main__":

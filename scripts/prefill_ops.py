@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ngramspec.host import loaded  # noqa: E402
 from ngramspec.model import Context, Model  # noqa: E402
-from ngramspec.own_head import _tensor_offsets  # noqa: E402
+from ngramspec.native_lib import tensor_offsets  # noqa: E402
 from ngramspec.pipeline_bench import long_text  # noqa: E402
 from output_layer_cost import make_context  # noqa: E402
 
@@ -40,7 +40,7 @@ class NodeTimer:
         base = loaded("ggml-base")
         base.ggml_op_name.restype, base.ggml_op_name.argtypes = C.c_char_p, [C.c_int]
         self.op_name = {i: base.ggml_op_name(i).decode() for i in range(100)}
-        self.off = _tensor_offsets()
+        self.off = tensor_offsets()
         self.seconds: dict[str, float] = defaultdict(float)
         self.on, self.t = False, 0.0
 
@@ -88,7 +88,7 @@ def main() -> None:
     timer = NodeTimer()
     # the twin's context: one stream, every SWA cell (or a window's), no output layer of ours
     ctx = make_context(model, 1, timer.cb, invariant=True, n_ctx=4096,
-                       swa_full=not args.swa_window)
+                       swa_full=not args.swa_window, reference_attention=False)
     toks = list(model.tokenize(long_text(args.chars)))
     prefill(ctx, toks, args.chunk)  # warm
     whole = min(prefill(ctx, toks, args.chunk) for _ in range(3))

@@ -91,10 +91,11 @@ def _rows_alone_and_together(m, kv: str, threads: int, n: int = 6, ref: bool = T
                              lone: bool | None = None):
     """Logit rows of n tokens after a 600-token prefix (over 512 KV cells: flash
     attention's split-KV length), decoded one at a time and in one decode; `ref`: the
-    reference attention path; `lone`: force the context's lone_ok (None: its own)."""
+    reference attention path; `lone`: force the context's lone_ok (None: its own).
+    llama.cpp's attention (no own_attention.py): the paths it falls back to."""
     toks = m.tokenize(documents(n_edit=1, n_summary=0, n_open=0)[0].prompt * 2)[:600 + n]
     ctx = Context(m, ContextParams(n_ctx=2048, n_threads=threads, type_k=kv, type_v=kv,
-                                   reference_attention=ref))
+                                   reference_attention=ref, own_attention=False))
     if lone is not None:
         ctx.lone_ok = lone
     try:

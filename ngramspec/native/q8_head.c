@@ -16,16 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lanes.h"
+
 typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8;
 typedef void (*from_float_t)(const float *, void *, int64_t);
 
-static inline float lanes_sum(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 /* Rows [r0, r1) against columns c0 .. c0+nc-1 (nc <= 8, a constant where inlined). */
 static inline __attribute__((always_inline)) void rows_x_cols(

@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "lanes.h"
+
 #define CT 32          /* cells per K/V tile */
 #define RB 8           /* query rows per work item */
 #define MAX_D 512
@@ -76,13 +78,6 @@ static inline const void *src_of(const attn_hook_t *u, const void *t, int i) {
     return *(const void *const *)((const char *)t + u->src_off + 8 * i);
 }
 
-static inline float lanes_sum(__m256 x) {
-    __m128 r = _mm256_extractf128_ps(x, 1);
-    r = _mm_add_ps(r, _mm256_castps256_ps128(x));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 /* e^x for 8 lanes (x <= 0 here; below -87.3 gives 0): Cody-Waite reduction, degree-6
  * polynomial, |relative error| < 2e-7. A fixed function of x: the same lanes give the
