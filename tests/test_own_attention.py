@@ -2,7 +2,8 @@
 every attention node of a batch-invariant context, a row's logits are bit-identical
 alone and among other rows and streams, the values stay close to llama.cpp's own
 kernel, other cache types are left to llama.cpp, and a node without scratch memory
-stops the decode with an error instead of another kernel's values."""
+stops the decode with an error instead of another kernel's values; and, without the
+model, the kernel on a node of hand-written arrays agrees with float64 attention."""
 from __future__ import annotations
 
 import numpy as np
@@ -89,3 +90,90 @@ def test_a_quantized_cache_is_left_to_llama_cpp(model, threads):
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_OWN_ATTENTION", "0")
     assert not own_attention.wanted()
+
+
+def _node(libs, off, ctx, q, k, v, mask, scale):
+    """A FLASH_ATTN_EXT node of ggml over these arrays (q F32 [N, H, D]; k, v F16
+    [C, HKV, D]; mask F16 [N, C]), built with ggml's own constructor."""
+    import ctypes as C
+    base = libs[0]
+    base.ggml_new_tensor_3d.restype = base.ggml_new_tensor_2d.restype = C.c_void_p
+    base.ggml_new_tensor_3d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64, C.c_int64]
+    base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
+    base.ggml_flash_attn_ext.restype = C.c_void_p
+    base.ggml_flash_attn_ext.argtypes = [C.c_void_p] * 5 + [C.c_float] * 3
+
+    def tensor(a, type_):
+        t = (base.ggml_new_tensor_3d(ctx, type_, a.shape[2], a.shape[1], a.shape[0]) if a.ndim == 3
+             else base.ggml_new_tensor_2d(ctx, type_, a.shape[1], a.shape[0]))
+        data = C.c_void_p.from_address(t + off["data"]).value
+        src = np.ascontiguousarray(a)  # held while copied
+        C.memmove(data, src.ctypes.data, src.nbytes)
+        return t
+    # ggml's layout: q [D, N, H], k/v [D, C, HKV] (rows of a head's cells), mask [C, N]
+    qt = tensor(q.transpose(1, 0, 2), 0)
+    kt, vt = tensor(k.transpose(1, 0, 2), 1), tensor(v.transpose(1, 0, 2), 1)
+    return base.ggml_flash_attn_ext(ctx, qt, kt, vt, tensor(mask, 1), scale, 0.0, 0.0)
+
+
+def test_a_node_matches_float64_attention_on_hand_written_arrays():
+    """The kernel called on a node made by ggml from hand-written arrays (no model): every
+    output within float32 rounding of attention computed in float64 from the same
+    F16-rounded inputs, masked cells ignored, fully masked tails fine; a query computed
+    alone equals itself computed among 11 (the few-query and tiled paths agree)."""
+    import ctypes as C
+    import importlib
+
+    importlib.import_module("llama_cpp")  # loads ggml's libraries, which native_lib finds
+
+    from ngramspec import native_lib
+    hook = own_attention.Hook.create(1)
+    libs, off = native_lib.ggml(), native_lib.tensor_offsets()
+    if hook is None or libs is None or off is None:
+        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    lib = hook.lib
+    lib.ngs_attn_cb.argtypes = [C.c_void_p, C.c_bool, C.c_void_p]
+    lib.ngs_attn_cb.restype = C.c_bool
+    lib.ngs_attn_node.argtypes = [C.c_void_p, C.c_int, C.c_int, C.c_void_p]
+
+    class Init(C.Structure):
+        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+    base = libs[0]
+    base.ggml_init.restype, base.ggml_init.argtypes = C.c_void_p, [Init]
+    base.ggml_free.argtypes = [C.c_void_p]
+    rng = np.random.default_rng(7)
+    H, HKV, D, cells, scale = 4, 2, 64, 70, 0.125
+
+    def run(q, k, v, mask):
+        ctx = base.ggml_init(Init(16 << 20, None, False))
+        try:
+            node = _node(libs, off, ctx, q, k, v, mask, scale)
+            assert lib.ngs_attn_cb(node, True, C.byref(hook.hook)) is False  # taken, not wanted
+            assert C.c_int.from_address(node + off["op"]).value == native_lib.op_code("CUSTOM")
+            lib.ngs_attn_node(node, 0, 1, C.byref(hook.hook))
+            data = C.c_void_p.from_address(node + off["data"]).value
+            return np.ctypeslib.as_array((C.c_float * (q.shape[0] * H * D)).from_address(data)
+                                         ).reshape(q.shape[0], H, D).copy()  # [N, H, DV]
+        finally:
+            base.ggml_free(ctx)
+    try:
+        k = rng.standard_normal((cells, HKV, D)).astype(np.float16)
+        v = rng.standard_normal((cells, HKV, D)).astype(np.float16)
+        q = (rng.standard_normal((11, H, D)) * 2).astype(np.float32)
+        mask = np.zeros((11, cells), np.float16)
+        for n in range(11):  # causal-like: query n sees cells < 50 + n, plus a bias
+            mask[n, 50 + n:] = -np.inf
+            mask[n, :50 + n] = rng.uniform(-1, 0, 50 + n)
+        out = run(q, k, v, mask)
+        for n in range(11):
+            for h in range(H):
+                vis = np.isfinite(mask[n].astype(np.float64))
+                s = (k[vis, h // 2].astype(np.float64) @ q[n, h].astype(np.float64)) * scale
+                s += mask[n, vis].astype(np.float64)
+                p = np.exp(s - s.max())
+                want = (p / p.sum()) @ v[vis, h // 2].astype(np.float64)
+                assert np.abs(out[n, h] - want).max() <= 1e-5 * (1 + np.abs(want).max())
+        alone = run(q[3:4], k, v, mask[3:4])
+        assert (alone[0] == out[3]).all()
+    finally:
+        own_attention.library().ngs_attn_free(C.byref(hook.hook))
