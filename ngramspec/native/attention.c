@@ -78,7 +78,6 @@ static inline const void *src_of(const attn_hook_t *u, const void *t, int i) {
     return *(const void *const *)((const char *)t + u->src_off + 8 * i);
 }
 
-
 /* e^x for 8 lanes (x <= 0 here; below -87.3 gives 0): Cody-Waite reduction, degree-6
  * polynomial, |relative error| < 2e-7. A fixed function of x: the same lanes give the
  * same values wherever they sit. */
@@ -220,11 +219,6 @@ static void pv_tile(const float *p, int64_t stride, int nq, const float *vf, int
     }
 }
 
-/* The visible cells of query (r, h): 1 where its mask is not -inf (no mask: all). */
-static inline bool visible(const item_t *it, int64_t r, int64_t h, int64_t c) {
-    return it->m == NULL || mask_row(it, r, h)[c] != F16_NEG_INF;
-}
-
 static void run_item(const item_t *it, float *work) {
     const tview_t *q = it->q, *k = it->k, *v = it->v;
     const int64_t D = k->ne[0], DV = v->ne[0], n_kv = k->ne[1];
@@ -244,7 +238,7 @@ static void run_item(const item_t *it, float *work) {
     const int64_t ncell = hi > lo ? hi - lo : 0;
     const int64_t stride = (ncell + 7) & ~7LL;
     float *sc = work, *tile = sc + (int64_t)nq * stride, *acc = tile + (int64_t)CT * (D > DV ? D : DV);
-    float *mx = acc + (int64_t)nq * DV, *den = mx + nq;
+    float *den = acc + (int64_t)nq * DV;
     const float *qp[RB * 64];
     int iq = 0;
     for (int64_t r = it->r0; r < it->r1; ++r)
@@ -281,7 +275,6 @@ static void run_item(const item_t *it, float *work) {
                 if (row[c] > m) m = row[c];
             }
             for (int64_t c = ncell; c < stride; ++c) row[c] = -INFINITY;
-            mx[iq] = m;
             /* pass 2: p = e^(s - max), exactly 0 where masked; the denominator in cell order */
             float sum = 0.0f;
             if (m != -INFINITY) {
@@ -366,7 +359,7 @@ static int64_t work_needed(const attn_hook_t *u, const void *t) {
     const tview_t q = view_of(u, src_of(u, t, 0)), k = view_of(u, src_of(u, t, 1));
     const tview_t v = view_of(u, src_of(u, t, 2));
     const int64_t G = q.ne[2] / k.ne[2], D = k.ne[0] > v.ne[0] ? k.ne[0] : v.ne[0];
-    return (int64_t)RB * G * ((k.ne[1] + 7) & ~7LL) + CT * D + RB * G * v.ne[0] + 2 * RB * G + 64;
+    return (int64_t)RB * G * ((k.ne[1] + 7) & ~7LL) + CT * D + RB * G * v.ne[0] + RB * G + 64;
 }
 
 /* Scratch for node t, grown before the node is taken over (false: none to be had). */
