@@ -469,7 +469,8 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
            + (":head=own" if own_head_active(ctx) else "")
-           + (":attention=own" if getattr(ctx, "attention", None) is not None else ""))
+           + (":attention=own" if getattr(ctx, "attention", None) is not None else "")
+           + (":matmul=own" if getattr(ctx, "matmul", None) is not None else ""))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import allocator, gguf_types, own_attention, own_head, ref_attention, ubatch
+from . import allocator, gguf_types, own_attention, own_head, own_matmul, ref_attention, ubatch
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -376,6 +376,9 @@ class ContextParams:
     # flash attention computed by ngramspec (own_attention.py): a row's values whatever
     # its batch; batch-invariant contexts only
     own_attention: bool = True
+    # matmuls of Q5_0 weights computed by ngramspec (own_matmul.py), bit-identical to
+    # llama.cpp's; batch-invariant contexts only
+    own_matmul: bool = True
 
     @property
     def ubatch(self) -> int:
@@ -413,7 +416,9 @@ class Context:
         cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
         self.head = self._hook_head(lc, model, params, cp)
-        self.attention = self._hook_attention(params, cp)  # chains the head's callback
+        # each chains the callbacks before it: matmul -> attention -> output layer
+        self.attention = self._hook_kernel(params, cp, params.own_attention, own_attention)
+        self.matmul = self._hook_kernel(params, cp, params.own_matmul, own_matmul)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             self._free_hooks()
@@ -461,20 +466,22 @@ class Context:
         return head
 
     @staticmethod
-    def _hook_attention(params: ContextParams, cp) -> "own_attention.Hook | None":
-        """Our flash attention's eval callback, put into llama_context_params `cp` (after
-        the output layer's, which it chains) where the context may use it."""
-        if not (params.batch_invariant and params.own_attention):
+    def _hook_kernel(params: ContextParams, cp, wanted: bool, kernel):
+        """A graph-node kernel's eval callback (`kernel`: own_attention or own_matmul, its
+        `Hook`), put into llama_context_params `cp`, chaining the callbacks already there,
+        where the context may use it; else None."""
+        if not (params.batch_invariant and wanted):
             return None
-        hook = own_attention.Hook.create(params.n_threads_batch or params.n_threads)
+        hook = kernel.Hook.create(params.n_threads_batch or params.n_threads)
         if hook is not None:
             hook.install(cp)
         return hook
 
     def _free_hooks(self) -> None:
-        if getattr(self, "attention", None) is not None:
-            self.attention.close()
-            self.attention = None
+        for name in ("attention", "matmul"):
+            if getattr(self, name, None) is not None:
+                getattr(self, name).close()
+                setattr(self, name, None)
 
     @property
     def prefill_chunk(self) -> int:
@@ -610,8 +617,9 @@ class Context:
         try:
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} (batch of {i} tokens)")
-            if self.attention is not None:
-                self.attention.check()
+            for hook in (self.attention, self.matmul):
+                if hook is not None:
+                    hook.check()
         except BaseException:
             if armed:
                 self.head.disarm()

@@ -132,7 +132,7 @@ def tensor_offsets() -> dict[str, int] | None:
     try:
         t = base.ggml_new_tensor_2d(ctx, GGML_TYPE_Q8_0, 64, 3)
         off = {"type": 0, "ne": 16, "nb": 48, "op": 80, "op_params": 84, "src": 152,
-               "data": 248, "name": base.ggml_get_name(t) - t}
+               "data": 248, "name": base.ggml_get_name(t) - t, "extra": 320}
         ne = [C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in range(2)]
         nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
         f = base.ggml_new_tensor_2d(ctx, GGML_TYPE_F32, 8, 2)
@@ -141,6 +141,7 @@ def tensor_offsets() -> dict[str, int] | None:
         scaled = base.ggml_scale(ctx, f, 2.5)  # op_params[0] = 2.5, src[0] = f
         same = (off["name"] == 256 and ne == [64, 3] and nb1 == 68
                 and C.c_int.from_address(t + off["type"]).value == GGML_TYPE_Q8_0
+                and C.c_void_p.from_address(t + off["extra"]).value is None
                 and C.c_float.from_address(scaled + off["op_params"]).value == 2.5
                 and C.c_void_p.from_address(scaled + off["src"]).value == f
                 and C.c_int.from_address(scaled + off["op"]).value == op_code("SCALE"))

@@ -34,12 +34,12 @@ import os
 from functools import cache
 
 from . import native_lib
+from .node_hook import OFFSET_FIELDS, NodeHook, offsets
 
 
 class _AttnHook(C.Structure):
     """native/attention.c's attn_hook_t, field by field."""
-    _fields_ = [(n, C.c_int64) for n in ("type_off", "ne_off", "nb_off", "op_off",
-                                         "op_params_off", "src_off", "data_off")] + \
+    _fields_ = OFFSET_FIELDS + \
                [(n, C.c_int32) for n in ("op_fa", "op_custom", "type_f32", "type_f16", "nth",
                                          "enabled", "oom")] + \
                [("n_done", C.c_int64), ("n_declined", C.c_int64), ("next", C.c_void_p),
@@ -62,8 +62,10 @@ def library() -> C.CDLL | None:
     return lib
 
 
-class Hook:
-    """A context's attention callback (and the callback it chains, if any)."""
+class Hook(NodeHook):
+    """A context's attention callback (node_hook.NodeHook)."""
+
+    free_fn, what = "ngs_attn_free", "attention"
 
     @classmethod
     def create(cls, n_threads: int) -> "Hook | None":
@@ -77,41 +79,8 @@ class Hook:
     def __init__(self, lib: C.CDLL, off: dict[str, int], op_fa: int, op_custom: int,
                  n_threads: int):
         self.lib = lib
-        self.hook = _AttnHook(type_off=off["type"], ne_off=off["ne"], nb_off=off["nb"],
-                              op_off=off["op"], op_params_off=off["op_params"],
-                              src_off=off["src"], data_off=off["data"], op_fa=op_fa,
-                              op_custom=op_custom, type_f32=native_lib.GGML_TYPE_F32,
+        self.hook = _AttnHook(**offsets(off), op_fa=op_fa, op_custom=op_custom,
+                              type_f32=native_lib.GGML_TYPE_F32,
                               type_f16=native_lib.GGML_TYPE_F16, nth=max(1, n_threads),
                               enabled=1)
         self.cb = C.cast(lib.ngs_attn_cb, C.c_void_p).value
-
-    def install(self, cparams) -> None:
-        """Become cparams' eval callback; a callback already there (own_head's) is chained:
-        it gets every node this one does not take."""
-        import llama_cpp
-
-        if cparams.cb_eval:
-            self.hook.next = C.cast(cparams.cb_eval, C.c_void_p).value
-            self.hook.next_user = cparams.cb_eval_user_data
-        cparams.cb_eval = C.cast(self.cb, llama_cpp.ggml_backend_sched_eval_callback)
-        cparams.cb_eval_user_data = C.cast(C.pointer(self.hook), C.c_void_p)
-
-    @property
-    def n_done(self) -> int:
-        """FLASH_ATTN_EXT nodes taken so far (one per layer and ubatch)."""
-        return self.hook.n_done
-
-    @property
-    def n_declined(self) -> int:
-        """FLASH_ATTN_EXT nodes left to llama.cpp so far."""
-        return self.hook.n_declined
-
-    def check(self) -> None:
-        """After a decode: raise if a node could not be computed for want of memory (the
-        decode's rows are not to be used)."""
-        if self.hook.oom:
-            self.hook.oom = 0
-            raise MemoryError("attention could not allocate its scratch memory")
-
-    def close(self) -> None:
-        self.lib.ngs_attn_free(C.byref(self.hook))

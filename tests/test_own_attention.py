@@ -11,34 +11,23 @@ import pytest
 
 from ngramspec import own_attention
 from ngramspec.model import Context, ContextParams
+from kernel_toggle import TEXT, filled_context, logits
 
 pytestmark = pytest.mark.model
-TEXT = "def mean(xs):\n    '''The mean of xs.'''\n    return sum(xs) / len(xs)\n" * 40
 
 
 @pytest.fixture(scope="module")
 def ctx(model, threads):
     if own_attention.library() is None:
         pytest.skip("no C compiler or no AVX2/FMA/F16C here")
-    c = Context(model, ContextParams(n_ctx=3 * 1024, n_seq_max=3, n_threads=threads))
-    toks = list(model.tokenize(TEXT))
+    c, toks = filled_context(model, threads, 3, 600, 9)
     assert c.attention is not None and len(toks) > 700
-    for s in range(3):
-        for a in range(0, 600, 63):
-            c.decode([(s, toks[s * 9 + a:s * 9 + min(a + 63, 600)], a, False)])
     yield c, toks
     c.close()
 
 
 def _logits(ctx, entries, ours=True):
-    ctx.attention.hook.enabled = int(ours)
-    try:
-        for s, _, p0, _ in entries:
-            ctx.truncate(s, p0)
-        rows = ctx.decode(entries)
-        return [ctx.logits_at(i).copy() for r in rows for i in r]
-    finally:
-        ctx.attention.hook.enabled = 1
+    return logits(ctx, ctx.attention, entries, ours)
 
 
 def test_every_attention_node_is_ours_and_a_row_does_not_depend_on_its_batch(ctx):

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "lanes.h"
+#include "node.h"
 
 #define CT 32          /* cells per K/V tile */
 #define RB 8           /* query rows per work item */
@@ -37,11 +38,9 @@
 #define FEW 4          /* at most this many queries in an item read K and V as F16 directly */
 #define F16_NEG_INF 0xFC00
 
-typedef bool (*eval_cb_t)(void *, bool, void *);
-
 /* What the callback shares with Python (own_attention._AttnHook mirrors it). */
 typedef struct {
-    int64_t type_off, ne_off, nb_off, op_off, op_params_off, src_off, data_off;
+    node_offsets_t off;    /* of struct ggml_tensor */
     int32_t op_fa, op_custom, type_f32, type_f16;
     int32_t nth;
     int32_t enabled;
@@ -53,30 +52,6 @@ typedef struct {
     float *work;           /* nth scratch buffers of work_floats each (ngs_attn_free) */
     int64_t work_floats;
 } attn_hook_t;
-
-typedef struct {
-    int type; int64_t ne[4]; size_t nb[4]; char *data;
-} tview_t;
-
-/* ggml's struct ggml_custom_op_params (ggml-impl.h), at the start of a CUSTOM node's
- * op_params; the FLASH_ATTN_EXT node's own parameters move to byte KEPT. */
-typedef void (*custom_fn_t)(void *dst, int ith, int nth, void *userdata);
-typedef struct { custom_fn_t fun; int n_tasks; void *userdata; } custom_params_t;
-#define KEPT 32
-
-static tview_t view_of(const attn_hook_t *u, const void *t) {
-    tview_t v;
-    const char *p = (const char *)t;
-    v.type = *(const int32_t *)(p + u->type_off);
-    memcpy(v.ne, p + u->ne_off, sizeof v.ne);
-    memcpy(v.nb, p + u->nb_off, sizeof v.nb);
-    v.data = *(char *const *)(p + u->data_off);
-    return v;
-}
-
-static inline const void *src_of(const attn_hook_t *u, const void *t, int i) {
-    return *(const void *const *)((const char *)t + u->src_off + 8 * i);
-}
 
 /* e^x for 8 lanes (x <= 0 here; below -87.3 gives 0): Cody-Waite reduction, degree-6
  * polynomial, |relative error| < 2e-7. A fixed function of x: the same lanes give the
@@ -331,12 +306,12 @@ static void run_item(const item_t *it, float *work) {
 void ngs_attn_node(void *t, int ith, int nth, void *user);
 
 static bool supported(const attn_hook_t *u, const void *t) {
-    const void *qt = src_of(u, t, 0), *kt = src_of(u, t, 1), *vt = src_of(u, t, 2);
-    const void *mt = src_of(u, t, 3), *st = src_of(u, t, 4);
+    const void *qt = src_of(&u->off, t, 0), *kt = src_of(&u->off, t, 1), *vt = src_of(&u->off, t, 2);
+    const void *mt = src_of(&u->off, t, 3), *st = src_of(&u->off, t, 4);
     if (!qt || !kt || !vt || st) return false;
-    const tview_t q = view_of(u, qt), k = view_of(u, kt), v = view_of(u, vt), dst = view_of(u, t);
+    const tview_t q = view_of(&u->off, qt), k = view_of(&u->off, kt), v = view_of(&u->off, vt), dst = view_of(&u->off, t);
     float params[3];
-    memcpy(params, (const char *)t + u->op_params_off, sizeof params);
+    memcpy(params, (const char *)t + u->off.op_params_off, sizeof params);
     if (params[1] != 0.0f || params[2] != 0.0f) return false;  /* ALiBi, soft-capping */
     if (q.type != u->type_f32 || k.type != u->type_f16 || v.type != u->type_f16) return false;
     if (dst.type != u->type_f32 || dst.nb[0] != 4 || dst.nb[1] != (size_t)v.ne[0] * 4) return false;
@@ -347,7 +322,7 @@ static bool supported(const attn_hook_t *u, const void *t) {
     if (q.ne[2] % k.ne[2] || q.ne[3] % k.ne[3] || q.ne[2] / k.ne[2] > 64) return false;
     if (dst.ne[1] != q.ne[2] || dst.ne[2] != q.ne[1]) return false;
     if (mt) {
-        const tview_t m = view_of(u, mt);
+        const tview_t m = view_of(&u->off, mt);
         if (m.type != u->type_f16 || m.nb[0] != 2 || m.ne[0] < k.ne[1] || m.ne[1] < q.ne[1])
             return false;
     }
@@ -356,8 +331,8 @@ static bool supported(const attn_hook_t *u, const void *t) {
 
 /* Floats of scratch one thread needs for node t. */
 static int64_t work_needed(const attn_hook_t *u, const void *t) {
-    const tview_t q = view_of(u, src_of(u, t, 0)), k = view_of(u, src_of(u, t, 1));
-    const tview_t v = view_of(u, src_of(u, t, 2));
+    const tview_t q = view_of(&u->off, src_of(&u->off, t, 0)), k = view_of(&u->off, src_of(&u->off, t, 1));
+    const tview_t v = view_of(&u->off, src_of(&u->off, t, 2));
     const int64_t G = q.ne[2] / k.ne[2], D = k.ne[0] > v.ne[0] ? k.ne[0] : v.ne[0];
     return (int64_t)RB * G * ((k.ne[1] + 7) & ~7LL) + CT * D + RB * G * v.ne[0] + RB * G + 64;
 }
@@ -386,12 +361,12 @@ void ngs_attn_free(attn_hook_t *u) {
 void ngs_attn_node(void *t, int ith, int nth, void *user) {
     const attn_hook_t *u = (const attn_hook_t *)user;
     if (u->oom) return;  /* Python raises after the decode (own_attention.Hook.check) */
-    const void *mt = src_of(u, t, 3);
-    tview_t q = view_of(u, src_of(u, t, 0)), k = view_of(u, src_of(u, t, 1));
-    tview_t v = view_of(u, src_of(u, t, 2)), dst = view_of(u, t), m;
-    if (mt) m = view_of(u, mt);
+    const void *mt = src_of(&u->off, t, 3);
+    tview_t q = view_of(&u->off, src_of(&u->off, t, 0)), k = view_of(&u->off, src_of(&u->off, t, 1));
+    tview_t v = view_of(&u->off, src_of(&u->off, t, 2)), dst = view_of(&u->off, t), m;
+    if (mt) m = view_of(&u->off, mt);
     float scale;
-    memcpy(&scale, (const char *)t + u->op_params_off + KEPT, sizeof scale);
+    memcpy(&scale, (const char *)t + u->off.op_params_off + KEPT, sizeof scale);
     const int64_t N = q.ne[1], H = q.ne[2], S = q.ne[3], HKV = k.ne[2], G = H / HKV;
     const int64_t nrb = (N + RB - 1) / RB;
     int64_t split = 1;
@@ -410,12 +385,6 @@ void ngs_attn_node(void *t, int ith, int nth, void *user) {
     }
 }
 
-static bool is_ours(const attn_hook_t *u, const void *t) {
-    custom_params_t p;
-    memcpy(&p, (const char *)t + u->op_params_off, sizeof p);
-    return p.fun == ngs_attn_node && p.userdata == (const void *)u;
-}
-
 /* llama.cpp's cb_eval. Asked about each node before it is computed: makes each
  * FLASH_ATTN_EXT node it supports a CUSTOM node of `ngs_attn_node` (a node made so in
  * an earlier decode of a reused graph stays so), reserving its scratch first; with
@@ -423,23 +392,18 @@ static bool is_ours(const attn_hook_t *u, const void *t) {
 bool ngs_attn_cb(void *t, bool ask, void *user) {
     attn_hook_t *u = (attn_hook_t *)user;
     if (ask) {
-        int32_t *op = (int32_t *)((char *)t + u->op_off);
-        char *params = (char *)t + u->op_params_off;
-        if (*op == u->op_fa) {
+        const int32_t op = *op_of(&u->off, t);
+        if (op == u->op_fa) {
             if (u->enabled && supported(u, t)) {
                 if (!reserve(u, t)) u->oom = 1;  /* taken all the same: never llama.cpp's */
-                memcpy(params + KEPT, params, 16);
-                const custom_params_t p = {ngs_attn_node, u->nth, u};
-                memcpy(params, &p, sizeof p);
-                *op = u->op_custom;
+                make_custom(&u->off, t, u->op_custom, ngs_attn_node, u->nth, u);
                 u->n_done++;
             } else {
                 u->n_declined++;
             }
-        } else if (*op == u->op_custom && is_ours(u, t)) {
+        } else if (is_custom_of(&u->off, t, u->op_custom, ngs_attn_node, u)) {
             if (!u->enabled) {
-                memcpy(params, params + KEPT, 16);
-                *op = u->op_fa;
+                give_back(&u->off, t, u->op_fa);
                 u->n_declined++;
             } else {
                 if (!reserve(u, t)) u->oom = 1;

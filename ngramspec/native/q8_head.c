@@ -16,38 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "lanes.h"
-
-typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8;
-typedef void (*from_float_t)(const float *, void *, int64_t);
-
-
-/* Rows [r0, r1) against columns c0 .. c0+nc-1 (nc <= 8, a constant where inlined). */
-static inline __attribute__((always_inline)) void rows_x_cols(
-        const block_q8 *w, int64_t r0, int64_t r1, int nb, const block_q8 *y,
-        const float *yd, int c0, int nc, float **out) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    for (int64_t r = r0; r < r1; ++r) {
-        const block_q8 *x = w + r * nb;
-        __m256 acc[8];
-        for (int j = 0; j < nc; ++j) acc[j] = _mm256_setzero_ps();
-        for (int b = 0; b < nb; ++b) {
-            const __m256 dx = _mm256_set1_ps(_cvtsh_ss(x[b].d));
-            const __m256i qx = _mm256_loadu_si256((const __m256i *)x[b].qs);
-            const __m256i ax = _mm256_sign_epi8(qx, qx);
-            for (int j = 0; j < nc; ++j) {
-                const int64_t yb = (int64_t)(c0 + j) * nb + b;
-                const __m256 d = _mm256_mul_ps(dx, _mm256_broadcast_ss(yd + yb));
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)y[yb].qs);
-                const __m256i sy = _mm256_sign_epi8(qy, qx);
-                const __m256i s32 = _mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, sy));
-                acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s32), acc[j]);
-            }
-        }
-        for (int j = 0; j < nc; ++j)
-            out[c0 + j][r] = lanes_sum(acc[j]);
-    }
-}
+#include "q8_dot.h"
 
 /* logits out[c][0 .. n_rows) of the weight matrix w (n_rows rows of n_embd Q8_0 values)
  * for the k activation rows h + which[c] * h_stride (floats), quantized with ggml's own
@@ -60,25 +29,12 @@ int ngs_q8_0_head(const void *w, int64_t n_rows, int64_t n_embd, const float *h,
     block_q8 *y = malloc(sizeof(block_q8) * (size_t)nb * (size_t)k);
     float *yd = malloc(sizeof(float) * (size_t)nb * (size_t)k);
     if (!y || !yd) { free(y); free(yd); return -1; }
-    for (int c = 0; c < k; ++c) {
-        from_float(h + (int64_t)which[c] * h_stride, y + (int64_t)c * nb, n_embd);
-        for (int b = 0; b < nb; ++b) yd[(int64_t)c * nb + b] = _cvtsh_ss(y[(int64_t)c * nb + b].d);
-    }
+    quantize_cols(from_float, (const char *)h, h_stride * (int64_t)sizeof(float), which, k, n_embd,
+                  y, yd);
     const block_q8 *wb = (const block_q8 *)w;
 #pragma omp parallel for schedule(static) num_threads(nth)
-    for (int64_t r0 = 0; r0 < n_rows; r0 += 16) {  /* 16 weight rows stay in L1 for all columns */
-        const int64_t r1 = r0 + 16 < n_rows ? r0 + 16 : n_rows;
-        for (int c0 = 0, n = 0; c0 < k; c0 += n) {  /* 8 columns at a time, then 4, then the rest */
-            n = k - c0 >= 8 ? 8 : k - c0 >= 4 ? 4 : k - c0;
-            switch (n) {
-            case 8: rows_x_cols(wb, r0, r1, nb, y, yd, c0, 8, out); break;
-            case 4: rows_x_cols(wb, r0, r1, nb, y, yd, c0, 4, out); break;
-            case 3: rows_x_cols(wb, r0, r1, nb, y, yd, c0, 3, out); break;
-            case 2: rows_x_cols(wb, r0, r1, nb, y, yd, c0, 2, out); break;
-            default: rows_x_cols(wb, r0, r1, nb, y, yd, c0, 1, out); break;
-            }
-        }
-    }
+    for (int64_t r0 = 0; r0 < n_rows; r0 += 16)  /* 16 weight rows stay in L1 for all columns */
+        rows_x_all_cols(wb, r0, r0 + 16 < n_rows ? r0 + 16 : n_rows, nb, y, yd, k, out);
     free(y);
     free(yd);
     return 0;

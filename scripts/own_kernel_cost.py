@@ -1,15 +1,14 @@
 #!/usr/bin/env python
-"""Flash attention computed by ngramspec (own_attention.py): what it costs against
-llama.cpp's kernels, and whether a row's values stay independent of its
-batch.
+"""ngramspec's graph-node kernels (own_attention.py, own_matmul.py): what one costs
+against llama.cpp's own, and whether a row's values stay independent of its batch.
 
-    .venv/bin/python scripts/own_attention_cost.py [gen] [prompt]
+    .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul] [gen] [prompt]
 
-The engine's kernel (`ngramspec/native/attention.c`, installed by
-`ngramspec/own_attention.py` into every batch-invariant context) turns every supported
-FLASH_ATTN_EXT node into a GGML_OP_CUSTOM node before ggml computes the graph, or
-leaves it to llama.cpp while its hook's `enabled` is 0, so the two are alternated on
-the same context and the same KV cells:
+The engine's kernels (`ngramspec/native/attention.c`, `matmul.c`, installed into every
+batch-invariant context) turn every node they support into a GGML_OP_CUSTOM node before
+ggml computes the graph, or leave it to llama.cpp while their hook's `enabled` is 0, so
+one kernel is alternated with llama.cpp's on the same context and the same KV cells
+(the other kernel stays on):
 - gen: a batch-invariant context as the engine's main one (not repacked, reference
   attention path, our output layer off), 1 and 8 streams of 1,500 cells; a row's
   logits alone, among 16 rows and beside other streams (bit-identical?), ours against
@@ -22,6 +21,7 @@ Diagnostic only; run alone on a quiet machine (one model process).
 """
 from __future__ import annotations
 
+import argparse
 import ctypes as C
 import statistics
 import sys
@@ -38,17 +38,20 @@ from ngramspec.pipeline_bench import long_text  # noqa: E402
 from output_layer_cost import make_context, median_ms  # noqa: E402
 
 
-def attention(ctx) -> C.Structure:
-    """The context's attention hook (own_attention.py) that `enabled` toggles; exits
-    where this machine cannot run the kernel."""
-    if ctx.attention is None:
-        sys.exit("the attention kernel is not available here (own_attention.wanted/cpu_ok)")
-    return ctx.attention.hook
+KERNEL = "attention"  # the Context attribute of the hook toggled (--kernel)
+
+
+def kernel_hook(ctx) -> C.Structure:
+    """The context's hook of the kernel measured, whose `enabled` toggles it; exits where
+    this machine cannot run the kernel."""
+    if getattr(ctx, KERNEL) is None:
+        sys.exit(f"the {KERNEL} kernel is not available here (own_{KERNEL}.wanted/cpu_ok)")
+    return getattr(ctx, KERNEL).hook
 
 
 def gen(model: Model, n_seq: int, shapes, cells: int = 1500) -> tuple[int, int]:
-    ctx = make_context(model, n_seq, None, True, own_attention=True)
-    hook = attention(ctx)
+    ctx = make_context(model, n_seq, None, True)
+    hook = kernel_hook(ctx)
     toks = list(model.tokenize(long_text(12000)))
     for s in range(n_seq):
         for a in range(0, cells, 63):
@@ -94,8 +97,8 @@ def prompt(path: str) -> tuple[int, int]:
     twin = Model(path, use_extra_bufts=True)
     toks = list(twin.tokenize(long_text(8000)))
     ctx = make_context(twin, 1, None, True, n_ctx=4096, reference_attention=False,
-                       swa_full=True, own_attention=True)
-    hook = attention(ctx)
+                       swa_full=True)
+    hook = kernel_hook(ctx)
 
     def prefill(chunk: int, on: int) -> bytes:
         hook.enabled = on
@@ -122,7 +125,12 @@ def prompt(path: str) -> tuple[int, int]:
 
 
 def main() -> None:
-    what = set(sys.argv[1:]) or {"gen", "prompt"}
+    global KERNEL
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kernel", choices=("attention", "matmul"), default="attention")
+    ap.add_argument("what", nargs="*", choices=("gen", "prompt"))
+    args = ap.parse_args()
+    KERNEL, what = args.kernel, set(args.what) or {"gen", "prompt"}
     model = Model()
     counts = []
     if "gen" in what:
@@ -131,7 +139,7 @@ def main() -> None:
                                      [(s, 1) for s in range(8)], [(s, 2) for s in range(8)]]))
     if "prompt" in what:
         counts.append(prompt(model.path))
-    print(f"attention nodes taken {sum(c[0] for c in counts)}, left to llama.cpp "
+    print(f"{KERNEL} nodes taken {sum(c[0] for c in counts)}, left to llama.cpp "
           f"{sum(c[1] for c in counts)}")
 
 

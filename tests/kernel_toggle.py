@@ -1,0 +1,32 @@
+"""Shared by the tests of ngramspec's graph-node kernels (test_own_attention.py,
+test_own_matmul.py): a context with a few sequences of a repeated text in its cache,
+and the logits of a decode with one kernel switched on or off."""
+from __future__ import annotations
+
+from ngramspec.model import Context, ContextParams
+
+TEXT = "def mean(xs):\n    '''The mean of xs.'''\n    return sum(xs) / len(xs)\n" * 40
+
+
+def filled_context(model, threads: int, n_seq: int, cells: int, shift: int) -> tuple[Context, list[int]]:
+    """A batch-invariant context of n_seq sequences, each holding `cells` tokens of TEXT
+    (sequence s from token s * shift), in decodes of 63; and TEXT's tokens."""
+    c = Context(model, ContextParams(n_ctx=n_seq * 1024, n_seq_max=n_seq, n_threads=threads))
+    toks = list(model.tokenize(TEXT))
+    for s in range(n_seq):
+        for a in range(0, cells, 63):
+            c.decode([(s, toks[s * shift + a:s * shift + min(a + 63, cells)], a, False)])
+    return c, toks
+
+
+def logits(ctx: Context, hook, entries, on: bool = True) -> list:
+    """The logit rows of decoding `entries` (after truncating each sequence to its first
+    position) with the kernel of `hook` (a node_hook.NodeHook) on or off; leaves it on."""
+    hook.hook.enabled = int(on)
+    try:
+        for s, _, p0, _ in entries:
+            ctx.truncate(s, p0)
+        rows = ctx.decode(entries)
+        return [ctx.logits_at(i).copy() for r in rows for i in r]
+    finally:
+        hook.hook.enabled = 1
