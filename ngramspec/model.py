@@ -472,7 +472,9 @@ class Context:
         where the context may use it; else None."""
         if not (params.batch_invariant and wanted):
             return None
-        hook = kernel.Hook.create(params.n_threads_batch or params.n_threads)
+        # scratch for the most threads a decode of this context runs on (a node run on
+        # more threads leaves the rest idle: native/node.h)
+        hook = kernel.Hook.create(max(params.n_threads, params.n_threads_batch or 0))
         if hook is not None:
             hook.install(cp)
         return hook

@@ -17,6 +17,7 @@ import ctypes as C
 import hashlib
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import threading
@@ -100,11 +101,20 @@ def ggml() -> tuple[C.CDLL, C.CDLL] | None:
 
 @cache
 def op_code(name: str) -> int | None:
-    """ggml's enum value of the op `name` ("MUL_MAT", "FLASH_ATTN_EXT", ...), or None."""
+    """ggml's enum value of the op `name` ("MUL_MAT", "FLASH_ATTN_EXT", ...), or None.
+    ggml exports no op count, so the scan stops at the first entry that is not an op
+    name (upper case, digits, underscores): past its table ggml_op_name reads whatever
+    follows (the op symbols, "x+y" and such), never a name."""
     libs = ggml()
     if libs is None:
         return None
-    return next((i for i in range(200) if libs[0].ggml_op_name(i) == name.encode()), None)
+    for i in range(256):
+        found = libs[0].ggml_op_name(i)
+        if not found or not re.fullmatch(rb"[A-Z][A-Z0-9_]*", found):
+            return None
+        if found == name.encode():
+            return i
+    return None
 
 
 def from_float(type_: int) -> int:

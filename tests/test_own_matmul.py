@@ -150,3 +150,10 @@ def test_a_node_without_scratch_memory_fails_the_decode(ctx):
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_OWN_MATMUL", "0")
     assert not own_matmul.wanted()
+
+
+def test_op_codes_are_found_and_an_unknown_name_is_none():
+    _need_kernel()
+    assert native_lib.op_code("MUL_MAT") is not None
+    assert native_lib.op_code("CUSTOM") > native_lib.op_code("MUL_MAT")
+    assert native_lib.op_code("NO_SUCH_OP") is None  # the scan stops at the table's end

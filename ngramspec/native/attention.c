@@ -360,7 +360,8 @@ void ngs_attn_free(attn_hook_t *u) {
  * threads), each computed whole by one thread. */
 void ngs_attn_node(void *t, int ith, int nth, void *user) {
     const attn_hook_t *u = (const attn_hook_t *)user;
-    if (u->oom) return;  /* Python raises after the decode (own_attention.Hook.check) */
+    const int n = nth < u->nth ? nth : u->nth;  /* scratch for u->nth threads: more do nothing */
+    if (u->oom || ith >= n) return;  /* oom: Python raises after the decode (Hook.check) */
     const void *mt = src_of(&u->off, t, 3);
     tview_t q = view_of(&u->off, src_of(&u->off, t, 0)), k = view_of(&u->off, src_of(&u->off, t, 1));
     tview_t v = view_of(&u->off, src_of(&u->off, t, 2)), dst = view_of(&u->off, t), m;
@@ -370,9 +371,9 @@ void ngs_attn_node(void *t, int ith, int nth, void *user) {
     const int64_t N = q.ne[1], H = q.ne[2], S = q.ne[3], HKV = k.ne[2], G = H / HKV;
     const int64_t nrb = (N + RB - 1) / RB;
     int64_t split = 1;
-    while (S * HKV * nrb * split < nth && split < G && G % (split * 2) == 0) split *= 2;
+    while (S * HKV * nrb * split < n && split < G && G % (split * 2) == 0) split *= 2;
     const int64_t n_items = S * HKV * nrb * split;
-    for (int64_t i = ith; i < n_items; i += nth) {
+    for (int64_t i = ith; i < n_items; i += n) {
         int64_t x = i;
         const int64_t part = x % split; x /= split;
         const int64_t rb = x % nrb; x /= nrb;

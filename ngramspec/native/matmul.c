@@ -143,11 +143,12 @@ void ngs_mm_free(mm_hook_t *u) {
 
 void ngs_mm_node(void *t, int ith, int nth, void *user) {
     const mm_hook_t *u = (const mm_hook_t *)user;
-    if (u->oom) return;  /* Python raises after the decode (own_matmul.Hook.check) */
+    const int n = nth < u->nth ? nth : u->nth;  /* scratch for u->nth threads: more do nothing */
+    if (u->oom || ith >= n) return;  /* oom: Python raises after the decode (Hook.check) */
     const tview_t w = view_of(&u->off, src_of(&u->off, t, 0));
     const tview_t x = view_of(&u->off, src_of(&u->off, t, 1)), d = view_of(&u->off, t);
     mm_compute(w.data, w.nb[1], w.ne[1], w.ne[0], x.data, x.nb[1], x.ne[1], d.data, d.nb[1],
-               u->quantize, u->work + (int64_t)ith * u->work_bytes, ith, nth);
+               u->quantize, u->work + (int64_t)ith * u->work_bytes, ith, n);
 }
 
 /* llama.cpp's cb_eval. Asked about each node before it is computed: makes each MUL_MAT

@@ -4,7 +4,9 @@
  *
  * ggml keeps a CUSTOM node's function, task count and user data at the start of its
  * op_params (struct ggml_custom_op_params, ggml-impl.h); the node's own first bytes of
- * op_params move to byte KEPT, so giving the node back restores it exactly. */
+ * op_params move to byte KEPT, so giving the node back restores it exactly. ggml calls
+ * the function on every thread of the graph's computation (nth of them, whatever the
+ * task count); a kernel with scratch for fewer threads leaves the others idle. */
 #ifndef NGS_NODE_H
 #define NGS_NODE_H
 #include <stdbool.h>

@@ -3,12 +3,10 @@
  *
  * Invariant: every logit equals, bit for bit, ggml's x86 AVX2 vec_dot_q8_0_q8_0 of the
  * weight row and the Q8_0-quantized activation (and so llamafile's tinyBLAS row, which
- * rounds the same way): per 32-element block, the 8 int32 lane sums of the byte
- * products (exact integers), converted to float, times the float product of the two
- * fp16 scales, fused-multiply-added into 8 float lanes in block order, then the lanes
- * summed as ggml's hsum_float_8 does. Only the loop around it differs: each weight row
- * is read once for all k columns (8 or 4 at a time from L1), one pass over the matrix.
- * own_head.py checks the identity against llama.cpp's rows before it is ever used.
+ * rounds the same way): the arithmetic of q8_dot.h. Only the loop around it differs:
+ * each weight row is read once for all k columns (8 or 4 at a time from L1), one pass
+ * over the matrix. own_head.py checks the identity against llama.cpp's rows before it
+ * is ever used.
  */
 #include <immintrin.h>
 #include <stdbool.h>
