@@ -415,10 +415,7 @@ class Context:
         free = params.kv_unified is not None and not params.batch_invariant
         cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
-        self.head = self._hook_head(lc, model, params, cp)
-        # each chains the callbacks before it: matmul -> attention -> output layer
-        self.attention = self._hook_kernel(params, cp, params.own_attention, own_attention)
-        self.matmul = self._hook_kernel(params, cp, params.own_matmul, own_matmul)
+        self._install_hooks(lc, model, params, cp)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             self._free_hooks()
@@ -464,6 +461,13 @@ class Context:
         if head is not None:
             head.install(cp)
         return head
+
+    def _install_hooks(self, lc, model: Model, params: ContextParams, cp) -> None:
+        """Our kernels' eval callbacks, put into llama_context_params `cp`; each chains
+        the ones before it: matmul -> attention -> output layer."""
+        self.head = self._hook_head(lc, model, params, cp)
+        self.attention = self._hook_kernel(params, cp, params.own_attention, own_attention)
+        self.matmul = self._hook_kernel(params, cp, params.own_matmul, own_matmul)
 
     @staticmethod
     def _hook_kernel(params: ContextParams, cp, wanted: bool, kernel):
