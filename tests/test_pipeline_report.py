@@ -115,7 +115,8 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
     def fake_speed(url):
         name = urls[url]
         states = {n: PB.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
-        assert states[name] in "RS" and all(s == "T" for n, s in states.items() if n != name)
+        # running: R, S, or D (a page fault waiting on the disk, as under load)
+        assert states[name] in "RSD" and all(s == "T" for n, s in states.items() if n != name)
         asked.append(name)
         return {"prompt_n": 2000, "prompt_per_second": 100.0 + len(asked)}
 
@@ -128,7 +129,7 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
     PB.run_plan(plan, starters, [], 1, 8, rep)
     assert len(seen) == 2 * 7  # 9 rows a round, 2 of them prompt checks
     for timed, states in seen:
-        assert states[timed] in "RS"
+        assert states[timed] in "RSD"  # running (D: waiting on the disk)
         assert all(s == "T" for n, s in states.items() if n != timed), states
     assert all(p.poll() is not None for p in procs.values())
     assert rep.checks["ngramspec"]["cache"] is True  # the cache check in round 0 only
