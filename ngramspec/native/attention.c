@@ -49,7 +49,7 @@ typedef struct {
     int64_t n_declined;    /* FLASH_ATTN_EXT nodes left to llama.cpp */
     eval_cb_t next;        /* a chained callback for every other node (or NULL) */
     void *next_user;
-    float *work;           /* nth scratch buffers of work_floats each (ngs_attn_free) */
+    void *work;            /* nth scratch buffers of work_floats floats each (node.h) */
     int64_t work_floats;
 } attn_hook_t;
 
@@ -339,20 +339,11 @@ static int64_t work_needed(const attn_hook_t *u, const void *t) {
 
 /* Scratch for node t, grown before the node is taken over (false: none to be had). */
 static bool reserve(attn_hook_t *u, const void *t) {
-    const int64_t need = work_needed(u, t);
-    if (need <= u->work_floats) return true;
-    float *w = malloc(sizeof(float) * (size_t)need * (size_t)u->nth);
-    if (!w) return false;
-    free(u->work);
-    u->work = w;
-    u->work_floats = need;
-    return true;
+    return grow_scratch(&u->work, &u->work_floats, work_needed(u, t), sizeof(float), u->nth);
 }
 
 void ngs_attn_free(attn_hook_t *u) {
-    free(u->work);
-    u->work = NULL;
-    u->work_floats = 0;
+    drop_scratch(&u->work, &u->work_floats);
 }
 
 /* Thread ith of nth of a taken node: its share of the work items (a row block of a
@@ -382,7 +373,7 @@ void ngs_attn_node(void *t, int ith, int nth, void *user) {
                      (rb + 1) * RB < N ? (rb + 1) * RB : N,
                      g * G + part * (G / split), g * G + (part + 1) * (G / split),
                      dst.data, dst.nb[1], H, N};
-        run_item(&it, u->work + (int64_t)ith * u->work_floats);
+        run_item(&it, (float *)u->work + (int64_t)ith * u->work_floats);
     }
 }
 

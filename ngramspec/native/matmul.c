@@ -48,7 +48,7 @@ typedef struct {
     eval_cb_t next;        /* a chained callback for every other node (or NULL) */
     void *next_user;
     from_float_t quantize; /* the CPU backend's Q8_0 quantizer (ggml's mul_mat uses it) */
-    char *work;            /* nth scratch buffers of work_bytes each (ngs_mm_free) */
+    void *work;            /* nth scratch buffers of work_bytes each (node.h) */
     int64_t work_bytes;
 } mm_hook_t;
 
@@ -123,22 +123,14 @@ static bool supported(const mm_hook_t *u, const void *t) {
     return x.nb[0] == 4 && d.nb[0] == 4 && w.data && x.data && d.data;
 }
 
+/* Scratch for node t, grown before the node is taken over (false: none to be had). */
 static bool reserve(mm_hook_t *u, const void *t) {
     const tview_t x = view_of(&u->off, src_of(&u->off, t, 1));
-    const int64_t need = work_needed(x.ne[0], x.ne[1]);
-    if (need <= u->work_bytes) return true;
-    char *w = aligned_alloc(ALIGN, (size_t)need * (size_t)u->nth);
-    if (!w) return false;
-    free(u->work);
-    u->work = w;
-    u->work_bytes = need;
-    return true;
+    return grow_scratch(&u->work, &u->work_bytes, work_needed(x.ne[0], x.ne[1]), 1, u->nth);
 }
 
 void ngs_mm_free(mm_hook_t *u) {
-    free(u->work);
-    u->work = NULL;
-    u->work_bytes = 0;
+    drop_scratch(&u->work, &u->work_bytes);
 }
 
 void ngs_mm_node(void *t, int ith, int nth, void *user) {
@@ -148,7 +140,7 @@ void ngs_mm_node(void *t, int ith, int nth, void *user) {
     const tview_t w = view_of(&u->off, src_of(&u->off, t, 0));
     const tview_t x = view_of(&u->off, src_of(&u->off, t, 1)), d = view_of(&u->off, t);
     mm_compute(w.data, w.nb[1], w.ne[1], w.ne[0], x.data, x.nb[1], x.ne[1], d.data, d.nb[1],
-               u->quantize, u->work + (int64_t)ith * u->work_bytes, ith, n);
+               u->quantize, (char *)u->work + (int64_t)ith * u->work_bytes, ith, n);
 }
 
 /* llama.cpp's cb_eval. Asked about each node before it is computed: makes each MUL_MAT

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef bool (*eval_cb_t)(void *, bool, void *);
@@ -71,5 +72,24 @@ static inline bool is_custom_of(const node_offsets_t *o, const void *t, int32_t 
     if (*(const int32_t *)((const char *)t + o->op_off) != op_custom) return false;
     memcpy(&p, (const char *)t + o->op_params_off, sizeof p);
     return p.fun == fun && p.userdata == user;
+}
+
+/* A kernel's per-thread scratch: nth buffers of *have units (of `unit` bytes) at *work,
+ * grown (never shrunk) to `need` units before a node is taken over, 64-byte aligned.
+ * false, leaving it as it was, when the memory cannot be had. */
+static inline bool grow_scratch(void **work, int64_t *have, int64_t need, size_t unit, int nth) {
+    if (need <= *have) return true;
+    void *w = aligned_alloc(64, ((size_t)need * unit * (size_t)nth + 63) & ~(size_t)63);
+    if (!w) return false;
+    free(*work);
+    *work = w;
+    *have = need;
+    return true;
+}
+
+static inline void drop_scratch(void **work, int64_t *have) {
+    free(*work);
+    *work = NULL;
+    *have = 0;
 }
 #endif
