@@ -1,4 +1,4 @@
-"""The `ngramspec` command line: generate, serve, batch, bench, replay.
+"""The `ngramspec` command line: generate, serve, batch, bench, replay, doctor.
 
 Flags follow llama.cpp. The flags the commands share (model, sampling,
 speculation, server) are generated from the one table in `flags.py`, so every
@@ -162,6 +162,8 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
     with err_console.status("loading model ..."):
         engine = load_engine(settings, notify=lambda line: err_console.print(line))
     _HELD_TILL_EXIT.append(engine)
+    if ctx.obj.get("verbose"):
+        err_console.print(engine.ctx.kernel_line(), markup=False)
     pieces, last = [], None
     for r in stream_generate(engine, text, sampling, n_predict,
                              speculative=engine.speculates()):
@@ -178,6 +180,7 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
             "timings": last.timings(), "tokens_per_step": last.tokens_per_step,
             "spec_type": ",".join(spec.types) or "none",
             "calibration": _calibration_json(engine.calibration),
+            "kernels": engine.ctx.kernel_state(), "kv_cells": engine.ctx.cell_mode,
             "statistics": {k: v.as_dict() for k, v in stats.items()}}, indent=2))
         return
     sys.stdout.write("\n")
@@ -524,6 +527,8 @@ from .server.command import serve  # noqa: E402
 main.add_command(serve)
 from .batch.command import batch  # noqa: E402
 main.add_command(batch)
+from .doctor import doctor  # noqa: E402
+main.add_command(doctor)
 
 
 if __name__ == "__main__":  # pragma: no cover

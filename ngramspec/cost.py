@@ -450,7 +450,7 @@ def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], flo
 
 
 def own_head_active(ctx) -> bool:
-    """Whether the context's decodes of 2+ logit rows take our output layer (own_head.py),
+    """Whether the context's decodes of 2+ logit rows take our output layer (kernels/head.py),
     which costs them differently."""
     head = getattr(ctx, "head", None)
     return bool(head is not None and head.active)

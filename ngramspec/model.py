@@ -23,7 +23,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from . import allocator, gguf_types, own_attention, own_head, own_matmul, ref_attention, ubatch
+from . import allocator, gguf_types, kernels, ref_attention, ubatch
+from .kernels import head as own_head
 from .errors import ConfigError, NgramSpecError
 
 _BACKEND_READY = False
@@ -69,7 +70,7 @@ MAX_INVARIANT_BATCH = 63
 #: Prompt chunks are evaluated with at least this many rows (padded), so every prompt
 #: token takes the tiled attention path whatever the chunking (docs/exactness.md).
 TILED_PREFILL_MIN = 64
-#: tokens of the decode that checks our output layer against llama.cpp's (own_head.Hook.verify)
+#: tokens of the decode that checks our output layer against llama.cpp's (kernels/head.py: Hook.verify)
 HEAD_CHECK_TOKENS = 5
 
 
@@ -370,15 +371,18 @@ class ContextParams:
     # flash attention's reference path in generation decodes (ref_attention.py), so a
     # lone token needs no padding row; batch-invariant contexts only
     reference_attention: bool = True
-    # generation decodes with 2+ logit rows take ngramspec's output layer (own_head.py),
+    # generation decodes with 2+ logit rows take ngramspec's output layer (kernels/head.py),
     # where it is bit-identical to llama.cpp's; batch-invariant contexts only
     own_head: bool = True
-    # flash attention computed by ngramspec (own_attention.py): a row's values whatever
-    # its batch; batch-invariant contexts only
+    # flash attention computed by ngramspec (kernels/attention.py): a row's values
+    # whatever its batch; batch-invariant contexts only
     own_attention: bool = True
-    # matmuls of Q5_0 weights computed by ngramspec (own_matmul.py), bit-identical to
+    # matmuls of Q5_0 weights computed by ngramspec (kernels/matmul.py), bit-identical to
     # llama.cpp's; batch-invariant contexts only
     own_matmul: bool = True
+    # llama.cpp may offload a CPU node to a GPU device for large batches (its op_offload);
+    # off where exactness needs every node on the CPU (runtime.device_policy)
+    op_offload: bool = True
 
     @property
     def ubatch(self) -> int:
@@ -415,6 +419,7 @@ class Context:
         free = params.kv_unified is not None and not params.batch_invariant
         cp.kv_unified = params.kv_unified if free else not per_seq
         cp.no_perf = True
+        cp.op_offload = params.op_offload
         self._install_hooks(lc, model, params, cp)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
@@ -450,44 +455,70 @@ class Context:
                 self, [(1000 + 37 * i) % self.n_vocab for i in range(HEAD_CHECK_TOKENS)]):
             self.logit_quantum = 1  # our output layer has no sgemm passes to fill
 
-    @staticmethod
-    def _hook_head(lc, model: Model, params: ContextParams, cp) -> "own_head.Hook | None":
-        """Our output layer's eval callback, put into llama_context_params `cp` where the
-        context may use it (checked by `Hook.verify` once the context exists)."""
-        if not (params.batch_invariant and params.own_head):
-            return None
-        head = own_head.Hook.create(lc.llama_model_n_embd(model.ptr), params.n_batch,
-                                    params.n_threads)
-        if head is not None:
-            head.install(cp)
-        return head
-
     def _install_hooks(self, lc, model: Model, params: ContextParams, cp) -> None:
-        """Our kernels' eval callbacks, put into llama_context_params `cp`; each chains
-        the ones before it: matmul -> attention -> output layer."""
-        self.head = self._hook_head(lc, model, params, cp)
-        self.attention = self._hook_kernel(params, cp, params.own_attention, own_attention)
-        self.matmul = self._hook_kernel(params, cp, params.own_matmul, own_matmul)
-
-    @staticmethod
-    def _hook_kernel(params: ContextParams, cp, wanted: bool, kernel):
-        """A graph-node kernel's eval callback (`kernel`: own_attention or own_matmul, its
-        `Hook`), put into llama_context_params `cp`, chaining the callbacks already there,
-        where the context may use it; else None."""
-        if not (params.batch_invariant and wanted):
-            return None
+        """Our kernels' eval callbacks (kernels.KERNELS), put into llama_context_params
+        `cp` where this context may use them, each chaining the ones before it; a
+        kernel without one has its reason in `kernel_reasons`."""
+        self.hooks: dict = {}
+        self.kernel_reasons: dict[str, str] = {}
         # scratch for the most threads a decode of this context runs on (a node run on
         # more threads leaves the rest idle: native/node.h)
-        hook = kernel.Hook.create(max(params.n_threads, params.n_threads_batch or 0))
-        if hook is not None:
+        args = kernels.HookArgs(lc.llama_model_n_embd(model.ptr), params.n_batch,
+                                max(params.n_threads, params.n_threads_batch or 0))
+        for k in kernels.KERNELS:
+            if not params.batch_invariant or not getattr(params, f"own_{k.name}"):
+                self.kernel_reasons[k.name] = ("the context is not batch-invariant"
+                                               if not params.batch_invariant else
+                                               "not used by this context")
+                continue
+            hook = k.hook(args)
+            if hook is None:
+                self.kernel_reasons[k.name] = k.state()[1]
+                continue
             hook.install(cp)
-        return hook
+            self.hooks[k.name] = hook
+
+    @property
+    def head(self):
+        return self.hooks.get("head")
+
+    @property
+    def attention(self):
+        return self.hooks.get("attention")
+
+    @property
+    def matmul(self):
+        return self.hooks.get("matmul")
+
+    def kernel_state(self) -> dict[str, dict]:
+        """Each kernel in this context: {"active": bool, "reason": str} (the output layer
+        is active once its start-up check passed)."""
+        out = {}
+        for k in kernels.KERNELS:
+            hook = self.hooks.get(k.name)
+            if hook is None:
+                out[k.name] = {"active": False, "reason": self.kernel_reasons.get(k.name, "")}
+            elif k.name == "head" and not hook.active:
+                out[k.name] = {"active": False, "reason": "its start-up check did not find "
+                               "llama.cpp's rows (no plain Q8_0 output weight, or other values)"}
+            else:
+                out[k.name] = {"active": True, "reason": "passes every check"}
+        return out
+
+    @property
+    def cell_mode(self) -> str:
+        """What computes this context's KV cells (kernels.cell_mode)."""
+        return kernels.cell_mode({n: h is not None for n, h in self.hooks.items()})
+
+    def kernel_line(self) -> str:
+        """The kernel states and cell mode in one line (kernels.line)."""
+        return kernels.line(self.kernel_state(), self.cell_mode)
 
     def _free_hooks(self) -> None:
         for name in ("attention", "matmul"):
-            if getattr(self, name, None) is not None:
-                getattr(self, name).close()
-                setattr(self, name, None)
+            hook = getattr(self, "hooks", {}).pop(name, None)
+            if hook is not None:
+                hook.close()
 
     @property
     def prefill_chunk(self) -> int:
@@ -633,7 +664,7 @@ class Context:
         if armed:  # our output layer: the rows' logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
             order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)
-            self.head.fill(self, order, {j for r in rows for j in r})
+            self.head.fill(self, order, {j for r in rows for j in r}, b.pos)
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))

@@ -66,6 +66,8 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
             notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
                          f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
             n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
+    offload, note = device_policy(opts.n_gpu_layers, batch_invariant)
+    notes += [note] if note else []
     if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
         raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
                           "the V cache only with it): drop -fa off or use -ctv f16")
@@ -73,7 +75,30 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
                          n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
                          kv_unified=kvu, batch_invariant=batch_invariant,
                          swa_full=True if opts.swa_full or not batch_invariant else None,
-                         type_k=opts.cache_type_k, type_v=opts.cache_type_v), notes
+                         type_k=opts.cache_type_k, type_v=opts.cache_type_v,
+                         op_offload=offload), notes
+
+
+def device_policy(n_gpu_layers: int, batch_invariant: bool) -> tuple[bool, str | None]:
+    """(llama.cpp's op_offload, a note or None) for a build whose devices are
+    `kernels.guard.devices()`. Exactness is verified on the CPU backend only
+    (docs/exactness.md, "Builds with a GPU backend"): in exact mode with a device besides
+    the CPU, -ngl 0 keeps every node on the CPU (no op offload) and -ngl > 0 is refused
+    (ConfigError); --no-batch-invariance runs as llama.cpp would."""
+    from .kernels import guard
+    from .model import _llama
+
+    _llama()  # llama.cpp's libraries, whose device registry is read
+    other = [f"{n} ({t})" for n, t in guard.devices() if t != "CPU"]
+    if not other or not batch_invariant:
+        return True, None
+    if n_gpu_layers != 0:
+        raise ConfigError(f"-ngl {n_gpu_layers if n_gpu_layers > 0 else 'all'} would put layers "
+                          f"on {', '.join(other)}: ngramspec's exactness is verified on the CPU "
+                          "backend only; use -ngl 0, or --no-batch-invariance to run on the "
+                          "device with output that may differ from spec-off")
+    return False, (f"llama.cpp has {', '.join(other)}: with -ngl 0 every node stays on the CPU "
+                   "(no op offload), as exactness needs; ngramspec's kernels are off")
 
 
 def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: bool,

@@ -10,10 +10,13 @@ plain token list (older llama-server); both are read.
 ngramspec appends one trailer after the KV state (llama.cpp stops reading at the
 state's end, so llama-server ignores it): `TRAILER_MAGIC`, a version (1: the
 tiled prefill, 2: the small-row path), and how many leading tokens were evaluated
-on that path (the slot's `reusable` count, docs/exactness.md), with a digest of the tokens and the model. A restored slot
-reuses that many tokens as prompt cache, and none when the trailer is missing or
-does not match (a file from llama-server, another model, edited tokens): cells
-computed another way would not give the values a fresh prefill gives.
+on that path (the slot's `reusable` count, docs/exactness.md), with a digest of the
+tokens, the model and the kernel mode that computed the cells (`Context.cell_mode`:
+ngramspec's own attention or llama.cpp's). A restored slot reuses that many tokens as
+prompt cache, and none when the trailer is missing or does not match (a file from
+llama-server, another model, edited tokens, a server whose kernels differ): cells
+computed another way would not give the values a fresh prefill gives, so the prompt is
+evaluated again.
 
 Invariants: these functions run on the thread that owns the engine (the
 scheduler's) and only on a slot with no running sequence; after `restore` the
@@ -87,9 +90,10 @@ def unpack(words: np.ndarray) -> np.ndarray:
 
 
 def _digest(engine: Engine, tokens: np.ndarray) -> bytes:
-    """Tokens + model identity: a trailer counts only for the same tokens and model."""
+    """Tokens + model identity + kernel mode: a trailer counts only for the same tokens,
+    model and way of computing cells."""
     m = engine.model
-    key = f"{m.path.name}:{m.path.stat().st_size}:{m.n_vocab}".encode()
+    key = f"{m.path.name}:{m.path.stat().st_size}:{m.n_vocab}:{engine.ctx.cell_mode}".encode()
     return hashlib.blake2b(key + tokens.astype("<i4").tobytes(), digest_size=16).digest()
 
 

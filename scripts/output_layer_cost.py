@@ -15,7 +15,7 @@ measures, on the embedded model (docs/benchmarks.md, "Where the time goes"):
    against "stop at result_norm + our own".
 
 Diagnostic: ggml's own kernels run outside llama.cpp's graph. ngramspec's output layer is
-its own kernel (ngramspec/own_head.py, measured by scripts/own_head_cost.py); the
+its own kernel (ngramspec/kernels/head.py, measured by scripts/own_head_cost.py); the
 contexts here do not use it. Run alone on a quiet machine:
     .venv/bin/python scripts/output_layer_cost.py
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What our output layer (ngramspec/own_head.py) saves, decode shape by decode shape.
+"""What our output layer (ngramspec/kernels/head.py) saves, decode shape by decode shape.
 
     .venv/bin/python scripts/own_head_cost.py [--reps 15] [--cells 600]
 
@@ -32,7 +32,7 @@ def filled(model: Model, own: bool, cells: int) -> Context:
     rng = np.random.default_rng(1)
     ctx = Context(model, ContextParams(n_ctx=2048 * STREAMS, n_seq_max=STREAMS, own_head=own))
     if own and not (ctx.head is not None and ctx.head.active):
-        raise SystemExit("our output layer is not available here (own_head.py says why)")
+        raise SystemExit("our output layer is not available here (`ngramspec doctor` says why)")
     for s in range(STREAMS):
         toks = rng.integers(1000, 20000, cells).tolist()
         for p in range(0, cells, 60):

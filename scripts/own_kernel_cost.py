@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""ngramspec's graph-node kernels (own_attention.py, own_matmul.py): what one costs
+"""ngramspec's graph-node kernels (ngramspec/kernels/attention.py, matmul.py): what one costs
 against llama.cpp's own, and whether a row's values stay independent of its batch.
 
     .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul] [gen] [prompt]
 
-The engine's kernels (`ngramspec/native/attention.c`, `matmul.c`, installed into every
+The engine's kernels (`ngramspec/kernels/native/attention.c`, `matmul.c`, installed into every
 batch-invariant context) turn every node they support into a GGML_OP_CUSTOM node before
 ggml computes the graph, or leave it to llama.cpp while their hook's `enabled` is 0, so
 one kernel is alternated with llama.cpp's on the same context and the same KV cells

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ngramspec.host import loaded  # noqa: E402
 from ngramspec.model import Context, Model  # noqa: E402
-from ngramspec.native_lib import tensor_offsets  # noqa: E402
+from ngramspec.kernels.ggml import tensor_offsets  # noqa: E402
 from ngramspec.pipeline_bench import long_text  # noqa: E402
 from output_layer_cost import make_context  # noqa: E402
 

@@ -1,9 +1,29 @@
-"""Shared by the tests of ngramspec's graph-node kernels (test_own_attention.py,
-test_own_matmul.py): a context with a few sequences of a repeated text in its cache,
-and the logits of a decode with one kernel switched on or off."""
+"""Shared by the tests of ngramspec's kernels (test_own_*.py): `require`, which fails
+rather than skips where a kernel should run; a context with a few sequences of a
+repeated text in its cache, and the logits of a decode with one kernel switched on or off."""
 from __future__ import annotations
 
+import os
+import shutil
+
+import pytest
+
+from ngramspec.kernels import build, guard
 from ngramspec.model import Context, ContextParams
+
+
+def require(kernel):
+    """The kernel's library (kernels.kernel.Kernel). Where it should run (x86-64 with
+    AVX2/FMA/F16C, a C compiler, the verified llama.cpp, not switched off) and does not,
+    the test fails with the reason; elsewhere it is skipped with it."""
+    import llama_cpp  # noqa: F401  (ggml's libraries, which the guard reads)
+
+    lib, reason = kernel.state()
+    if lib is not None:
+        return lib
+    should = (guard.cpu_reason() is None and shutil.which(build.compiler()) is not None
+              and os.environ.get(kernel.env, "1") != "0" and guard.build_reason() is None)
+    (pytest.fail if should else pytest.skip)(f"the {kernel.name} kernel is off: {reason}")
 
 TEXT = "def mean(xs):\n    '''The mean of xs.'''\n    return sum(xs) / len(xs)\n" * 40
 

@@ -1,4 +1,4 @@
-"""Our flash attention (own_attention.py, native/attention.c) on the real model: it takes
+"""Our flash attention (kernels/attention.py, kernels/native/attention.c) on the real model: it takes
 every attention node of a batch-invariant context, a row's logits are bit-identical
 alone and among other rows and streams, the values stay close to llama.cpp's own
 kernel, other cache types are left to llama.cpp, and a node without scratch memory
@@ -9,17 +9,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec import own_attention
+from ngramspec.kernels import HookArgs
+from ngramspec.kernels import attention as own_attention
 from ngramspec.model import Context, ContextParams
-from kernel_toggle import TEXT, filled_context, logits
+from kernel_toggle import TEXT, filled_context, logits, require
 
 pytestmark = pytest.mark.model
 
 
 @pytest.fixture(scope="module")
 def ctx(model, threads):
-    if own_attention.library() is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    require(own_attention.KERNEL)
     c, toks = filled_context(model, threads, 3, 600, 9)
     assert c.attention is not None and len(toks) > 700
     yield c, toks
@@ -66,8 +66,7 @@ def test_a_node_without_scratch_memory_fails_the_decode(ctx):
 
 
 def test_a_quantized_cache_is_left_to_llama_cpp(model, threads):
-    if own_attention.library() is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    require(own_attention.KERNEL)
     c = Context(model, ContextParams(n_ctx=1024, n_threads=threads, type_k="q8_0", type_v="q8_0"))
     try:
         c.decode([(0, list(model.tokenize(TEXT))[:40], 0, True)])
@@ -78,7 +77,8 @@ def test_a_quantized_cache_is_left_to_llama_cpp(model, threads):
 
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_OWN_ATTENTION", "0")
-    assert not own_attention.wanted()
+    lib, reason = own_attention.KERNEL.state()
+    assert lib is None and reason == "turned off (NGRAMSPEC_OWN_ATTENTION=0)"
 
 
 def _node(libs, off, ctx, q, k, v, mask, scale):
@@ -113,13 +113,12 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
     import ctypes as C
     import importlib
 
-    importlib.import_module("llama_cpp")  # loads ggml's libraries, which native_lib finds
+    importlib.import_module("llama_cpp")  # loads ggml's libraries, which kernels.ggml finds
 
-    from ngramspec import native_lib
-    hook = own_attention.Hook.create(1)
+    from ngramspec.kernels import ggml as native_lib
+    require(own_attention.KERNEL)
+    hook = own_attention.KERNEL.hook(HookArgs(0, 0, 1))
     libs, off = native_lib.ggml(), native_lib.tensor_offsets()
-    if hook is None or libs is None or off is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
     lib = hook.lib
     lib.ngs_attn_cb.argtypes = [C.c_void_p, C.c_bool, C.c_void_p]
     lib.ngs_attn_cb.restype = C.c_bool

@@ -1,13 +1,15 @@
-"""Our output layer (own_head.py): the row order it assumes, and its logits bit-identical
-to llama.cpp's on the real model, whatever the decode's shape."""
+"""Our output layer (kernels/head.py): the row order it assumes (each row's position
+checked), and its logits bit-identical to llama.cpp's on the real model, whatever the
+decode's shape."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from ngramspec import own_head
+from ngramspec.kernels import head as own_head
 from ngramspec.model import Context, ContextParams
 from ngramspec.pipeline_bench import long_text
+from kernel_toggle import require
 
 
 def test_output_order_single_stream_is_batch_order():
@@ -30,7 +32,7 @@ def test_output_order_follows_split_equal():
 
 def test_library_respects_the_switch(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_OWN_HEAD", "0")
-    assert not own_head.wanted()
+    assert own_head.KERNEL.state() == (None, "turned off (NGRAMSPEC_OWN_HEAD=0)")
 
 
 SHAPES = [
@@ -47,8 +49,7 @@ SHAPES = [
 
 
 def test_rows_bit_identical_to_llama_cpp(model):
-    if own_head.library() is None:
-        pytest.skip("no x86-64 AVX2 CPU or no C compiler here")
+    require(own_head.KERNEL)
     toks = list(model.tokenize(long_text(6000)))
     ours = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8))
     theirs = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8, own_head=False))
@@ -88,8 +89,7 @@ def test_another_model_decodes_with_or_without_it(smollm2):
 def test_a_kernel_that_disagrees_is_never_used(model, monkeypatch):
     """The start-up check compares rows computed into fresh buffers: a kernel that writes
     nothing (or anything else) leaves llama.cpp's output layer in charge."""
-    if own_head.library() is None:
-        pytest.skip("no x86-64 AVX2 CPU or no C compiler here")
+    require(own_head.KERNEL)
     monkeypatch.setattr(own_head.Hook, "_compute", lambda self, which, out: None)
     ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=2))
     try:
@@ -97,5 +97,37 @@ def test_a_kernel_that_disagrees_is_never_used(model, monkeypatch):
         assert ctx.logit_quantum != 1
         rows = ctx.decode([(0, [100, 200, 300], 0, True), (1, [5, 6], 0, True)])
         assert all(np.isfinite(ctx.logits_at(i)).all() for r in rows for i in r)
+    finally:
+        ctx.close()
+
+
+def test_each_row_is_checked_by_its_position(model, monkeypatch):
+    """The callback records each result_norm row's position (inp_pos at out_ids): a
+    decode whose rows llama.cpp ordered otherwise than `output_order` says raises
+    before any logit is written, and the start-up check then keeps llama.cpp's layer."""
+    require(own_head.KERNEL)
+    ctx = Context(model, ContextParams(n_ctx=2048, n_seq_max=2))
+    try:
+        assert ctx.head.active
+        ctx.decode([(1, list(range(20, 30)), 0, False)])  # sequence 1 holds positions 0..9
+        batch = [(0, [100, 200, 300, 400], 0, True), (1, [5, 6, 7], 10, True)]
+        rows = ctx.decode(batch)
+        # split_equal: 3 tokens of each sequence, then sequence 0's fourth (output_order)
+        assert ctx.head.pos[0, :7].tolist() == [0, 1, 2, 10, 11, 12, 3]
+        good = [ctx.logits_at(i).copy() for r in rows for i in r]
+        ctx.truncate(0, 0)
+        ctx.truncate(1, 10)
+        real = own_head.output_order
+        # two rows swapped: the same count, other positions
+        monkeypatch.setattr(own_head, "output_order",
+                            lambda *a: (lambda o: [o[1], o[0], *o[2:]])(real(*a)))
+        with pytest.raises(RuntimeError, match="position"):
+            ctx.decode(batch)
+        monkeypatch.setattr(own_head, "output_order", real)
+        ctx.truncate(0, 0)
+        ctx.truncate(1, 10)
+        rows = ctx.decode(batch)
+        again = [ctx.logits_at(i) for r in rows for i in r]
+        assert all(np.array_equal(a, b) for a, b in zip(good, again))
     finally:
         ctx.close()

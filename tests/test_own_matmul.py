@@ -1,4 +1,4 @@
-"""Our Q5_0 matmul (own_matmul.py, native/matmul.c): bit-identical to llama.cpp's
+"""Our Q5_0 matmul (kernels/matmul.py, kernels/native/matmul.c): bit-identical to llama.cpp's
 vec_dot_q5_0_q8_0 on pseudo-random blocks (the start-up check) and on a node that ggml
 builds from hand-written arrays, within float32 rounding of float64; on the real model
 it takes every Q5_0 matmul of 2+ columns and the logits equal llama.cpp's bit for bit
@@ -11,21 +11,21 @@ import ctypes as C
 import numpy as np
 import pytest
 
-from ngramspec import native_lib, own_matmul
-from kernel_toggle import filled_context, logits
+from ngramspec.kernels import HookArgs
+from ngramspec.kernels import ggml as native_lib
+from ngramspec.kernels import matmul as own_matmul
+from kernel_toggle import filled_context, logits, require
 
 
 def _need_kernel():
     import llama_cpp
 
     llama_cpp.llama_backend_init()  # ggml's fp16 table, which its vec_dot reads
-    if own_matmul.library() is None or native_lib.ggml() is None:
-        pytest.skip("no C compiler or no AVX2/FMA/F16C here")
+    return require(own_matmul.KERNEL)
 
 
 def test_the_kernel_equals_llama_cpps_vec_dot():
-    _need_kernel()
-    assert own_matmul.identical()
+    assert own_matmul.selftest(_need_kernel()) is None
 
 
 def _q5_0_blocks(rng, n_blocks):
@@ -48,7 +48,7 @@ def test_a_node_matches_float64_on_hand_written_arrays():
     of the dequantized weights and the Q8_0-quantized columns; a column computed alone
     equals itself among 7."""
     _need_kernel()
-    hook = own_matmul.Hook.create(1, min_cols=1)
+    hook = own_matmul.Hook.create(own_matmul.KERNEL.library(), HookArgs(0, 0, 1), min_cols=1)
     libs, off = native_lib.ggml(), native_lib.tensor_offsets()
     assert hook is not None
     lib, base = hook.lib, libs[0]
@@ -149,11 +149,11 @@ def test_a_node_without_scratch_memory_fails_the_decode(ctx):
 
 def test_the_switch_turns_it_off(monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_OWN_MATMUL", "0")
-    assert not own_matmul.wanted()
+    assert own_matmul.KERNEL.state() == (None, "turned off (NGRAMSPEC_OWN_MATMUL=0)")
 
 
 def test_op_codes_are_found_and_an_unknown_name_is_none():
     _need_kernel()
     assert native_lib.op_code("MUL_MAT") is not None
     assert native_lib.op_code("CUSTOM") > native_lib.op_code("MUL_MAT")
-    assert native_lib.op_code("NO_SUCH_OP") is None  # the scan stops at the table's end
+    assert native_lib.op_code("NO_SUCH_OP") is None  # only the verified table is asked

@@ -104,10 +104,14 @@ def _backend(load: dict, ray_address: str | None, actors: int | None, chunk_size
         from .runner import EngineRunner
 
         with err_console.status("loading model ..."):
-            return EngineRunner.load(**load, notify=lambda line: err_console.print(line))
+            runner = EngineRunner.load(**load, notify=lambda line: err_console.print(line))
+        err_console.print(runner.engine.ctx.kernel_line(), markup=False)
+        return runner
     try:
         from .ray_backend import RayPool
     except ImportError as e:
         raise ConfigError(f"--ray needs Ray: pip install 'ngramspec[ray]' ({e})") from None
     with err_console.status("starting Ray actors and loading the model on each ..."):
-        return RayPool(load, None if ray_address == "auto" else ray_address, actors, chunk_size)
+        pool = RayPool(load, None if ray_address == "auto" else ray_address, actors, chunk_size)
+    err_console.print(pool.kernel_line, markup=False)
+    return pool

@@ -18,6 +18,11 @@ Invariants:
   refilled from the second chunk while the first drains.
 - If every actor is gone, the run raises; what was yielded is in OUTPUT and a
   re-run resumes from there.
+- One kernel mode per job: every actor computes KV cells the same way (its
+  `Context.cell_mode`, e.g. own attention or llama.cpp's), checked when the pool
+  starts; actors of mixed modes (no compiler on one node, another CPU,
+  NGRAMSPEC_OWN_ATTENTION=0 on one) are refused, since a record's output would then
+  depend on the node that ran it.
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from typing import Any, Iterable, Iterator
 import ray
 from ray.exceptions import RayActorError
 
+from ..errors import NgramSpecError
 from .records import BadRecord, Record
 from .results import BatchResult
 from .runner import EngineRunner
@@ -52,6 +58,11 @@ class BatchWorker:
 
     def where(self) -> tuple[str, int]:
         return socket.gethostname(), os.getpid()
+
+    def kernels(self) -> tuple[str, str]:
+        """(cell mode, kernel line) of this actor's engine."""
+        ctx = self.runner.engine.ctx
+        return ctx.cell_mode, ctx.kernel_line()
 
 
 @dataclass
@@ -83,13 +94,30 @@ class RayPool:
         except RayActorError as e:
             self.close()
             raise RuntimeError(f"a Ray actor could not load its engine: {e}") from None
+        self.kernel_line = self._one_mode()
+        self.mode = self.kernel_line.rsplit("KV cells: ", 1)[-1]
         self.retried = 0  # records re-sent after their actor died
         self.lost_actors = 0
         self.last_error = ""
 
+    def _one_mode(self) -> str:
+        """The actors' kernel line, if all compute KV cells in one mode; else the pool is
+        closed and NgramSpecError names each actor's mode."""
+        got = ray.get([a.kernels.remote() for a in self.actors])
+        modes = {mode for mode, _ in got}
+        if len(modes) == 1:
+            return f"{len(got)} Ray actors, each {got[0][1]}"
+        where = self.where()
+        each = "; ".join(f"{h} pid {p}: {line}" for (h, p), (_, line) in zip(where, got))
+        self.close()
+        raise NgramSpecError(f"the Ray actors compute KV cells in different kernel modes "
+                         f"({', '.join(sorted(modes))}), so outputs would depend on the node "
+                         f"that ran a record; give every node the same kernels "
+                         f"(`ngramspec doctor` on each). {each}")
+
     def describe(self) -> str:
         return (f"{self.n_actors} Ray actors ({self.lost_actors} lost, {self.retried} records "
-                f"retried), chunks of {self.chunk_size}")
+                f"retried), chunks of {self.chunk_size}, KV cells: {self.mode}")
 
     def where(self) -> list[tuple[str, int]]:
         """(host, pid) of every live actor, in actor order."""

@@ -59,6 +59,8 @@ class ServerState:
             sched.start()
             self.engine, self.scheduler = engine, sched
             self.ready = True
+            if hasattr(engine.ctx, "kernel_line"):  # a test's engine may have a stand-in context
+                log.warning("ngramspec: %s", engine.ctx.kernel_line())
             cal = getattr(engine, "calibration", None)  # None: no cost policy (or a test's engine)
             log.warning("ngramspec: model %s loaded; %d slots of %d tokens; speculation: %s%s",
                         engine.model.path.name, s.n_parallel, self.n_ctx_slot,

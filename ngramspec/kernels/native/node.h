@@ -21,6 +21,14 @@ typedef struct { custom_fn_t fun; int n_tasks; void *userdata; } custom_params_t
 #define KEPT 32
 #define KEPT_BYTES 24
 
+/* Where this file puts a CUSTOM node's function, task count and user data; the process
+ * guard (kernels/guard.py) compares them with where ggml puts them. */
+void ngs_custom_offsets(int64_t *out) {
+    out[0] = (int64_t)offsetof(custom_params_t, fun);
+    out[1] = (int64_t)offsetof(custom_params_t, n_tasks);
+    out[2] = (int64_t)offsetof(custom_params_t, userdata);
+}
+
 /* Field offsets of struct ggml_tensor (native_lib.tensor_offsets). */
 typedef struct {
     int64_t type_off, ne_off, nb_off, op_off, op_params_off, src_off, data_off;

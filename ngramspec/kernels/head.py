@@ -23,19 +23,21 @@ Invariants:
   matrix;
 - rows are matched to batch indices in llama.cpp's output order: ubatch by ubatch
   (`ubatch.split`), within a ubatch sequence by sequence, as `llama_batch_allocr`
-  orders them.
+  orders them; the callback records each row's position (the ubatch's `inp_pos` at the
+  row's `out_ids` entry) and `fill` raises unless every row has the position of the
+  batch index it is matched to, so a changed order never reaches a logit.
 Set NGRAMSPEC_OWN_HEAD=0 to turn it off.
 """
 from __future__ import annotations
 
 import ctypes as C
-import os
-from functools import cache
 from typing import Sequence
 
 import numpy as np
 
-from . import native_lib, ubatch
+from .. import ubatch
+from . import ggml
+from .kernel import HookArgs, Kernel
 
 QK8_0 = 32
 
@@ -47,26 +49,9 @@ class _Hook(C.Structure):
                 ("op_mul_mat", C.c_int32), ("stop", C.c_int32),
                 ("rows", C.c_void_p), ("cap", C.c_int64), ("n_rows", C.c_int64),
                 ("overflow", C.c_int32), ("norm", C.c_void_p), ("head", C.c_void_p),
-                ("head_is_output", C.c_int32)]
-
-
-def wanted() -> bool:
-    """Whether this machine can run the kernel at all (native_lib.cpu_ok) and it is not
-    turned off (NGRAMSPEC_OWN_HEAD=0)."""
-    return os.environ.get("NGRAMSPEC_OWN_HEAD", "1") != "0" and native_lib.cpu_ok()
-
-
-@cache
-def library() -> C.CDLL | None:
-    """The compiled kernel (native_lib.library), or None where it cannot be had or is
-    turned off."""
-    lib = native_lib.library("q8_head") if wanted() else None
-    if lib is None:
-        return None
-    lib.ngs_q8_0_head.restype = C.c_int
-    lib.ngs_q8_0_head.argtypes = [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p, C.c_int64,
-                                  C.c_void_p, C.c_int, C.c_void_p, C.c_int, C.c_void_p]
-    return lib
+                ("head_is_output", C.c_int32), ("row_pos", C.c_void_p), ("ub_pos", C.c_void_p),
+                ("ub_out", C.c_void_p), ("pos_cap", C.c_int64), ("n_ub_pos", C.c_int64),
+                ("n_ub_out", C.c_int64)]
 
 
 class Hook:
@@ -78,22 +63,22 @@ class Hook:
     checks our rows against llama.cpp's; `active` says whether decodes use it."""
 
     @classmethod
-    def create(cls, n_embd: int, max_rows: int, n_threads: int) -> "Hook | None":
-        lib = library()
-        if lib is None or native_lib.tensor_offsets() is None or native_lib.op_code("MUL_MAT") is None:
-            return None
-        return cls(lib, n_embd, max_rows, n_threads)
+    def create(cls, lib: C.CDLL, args: HookArgs) -> "Hook":
+        return cls(lib, args.n_embd, args.n_batch, args.n_threads)
 
     def __init__(self, lib: C.CDLL, n_embd: int, max_rows: int, n_threads: int):
-        self.from_float = native_lib.from_float(native_lib.GGML_TYPE_Q8_0)
-        op = native_lib.op_code("MUL_MAT")
-        off = native_lib.tensor_offsets()
+        self.from_float = ggml.from_float(ggml.GGML_TYPE_Q8_0)
+        off = ggml.tensor_offsets()
         self.lib, self.n_embd, self.n_threads = lib, n_embd, n_threads
         self.rows = np.zeros((max_rows, n_embd), np.float32)
+        # row_pos, ub_pos, ub_out: a ubatch holds at most n_batch tokens
+        self.pos = np.zeros((3, max_rows), np.int32)
         self.hook = _Hook(name_off=off["name"], data_off=off["data"], ne_off=off["ne"],
-                          op_off=off["op"], src_off=off["src"], op_mul_mat=op,
-                          rows=self.rows.ctypes.data,
-                          cap=self.rows.size)
+                          op_off=off["op"], src_off=off["src"], op_mul_mat=ggml.op_code("MUL_MAT"),
+                          rows=self.rows.ctypes.data, cap=self.rows.size,
+                          row_pos=self.pos[0].ctypes.data, ub_pos=self.pos[1].ctypes.data,
+                          ub_out=self.pos[2].ctypes.data, pos_cap=max_rows, n_ub_pos=-1,
+                          n_ub_out=-1)
         self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
@@ -107,11 +92,11 @@ class Hook:
     def _find_weight(self) -> tuple[int, int] | None:
         """The output layer's weight as (data, rows) if it is a plain contiguous Q8_0
         matrix multiplied into `result_output` itself, else None."""
-        off, h = native_lib.tensor_offsets(), self.hook
+        off, h = ggml.tensor_offsets(), self.hook
         if not h.head or not h.head_is_output:
             return None
         t = h.head
-        if C.c_int.from_address(t + off["type"]).value != native_lib.GGML_TYPE_Q8_0:
+        if C.c_int.from_address(t + off["type"]).value != ggml.GGML_TYPE_Q8_0:
             return None
         ne0, ne1 = (C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in (0, 1))
         nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
@@ -133,11 +118,13 @@ class Hook:
     def disarm(self) -> None:
         self.hook.stop = 0
 
-    def fill(self, ctx, order: Sequence[int], wanted: set[int]) -> None:
+    def fill(self, ctx, order: Sequence[int], wanted: set[int], positions: Sequence[int]) -> None:
         """After an armed decode: the logits of the batch indices in `wanted`, written
         into llama.cpp's buffer. `order`: the batch index of each result_norm row, in
-        the order llama.cpp evaluated them. During `verify`'s decode only the rows are
-        kept (verify computes them into buffers of its own)."""
+        the order llama.cpp evaluated them; `positions`: each batch index's position.
+        Raises RuntimeError unless llama.cpp's rows are as many and each has the
+        position of the batch index `order` gives it. During `verify`'s decode only the
+        rows are kept (verify computes them into buffers of its own)."""
         import llama_cpp
 
         h = self.hook
@@ -145,6 +132,13 @@ class Hook:
         if h.overflow or h.n_rows != len(order):
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
                                f"logit rows (overflow={h.overflow})")
+        got = self.pos[0, :h.n_rows]
+        want = np.fromiter((positions[i] for i in order), np.int32, len(order))
+        if not np.array_equal(got, want):
+            bad = int(np.argmax(got != want))
+            raise RuntimeError(f"the output layer's row {bad} is at position {got[bad]}, "
+                               f"batch index {order[bad]} at {want[bad]}: llama.cpp's row "
+                               f"order is not the one assumed")
         which = [j for j, i in enumerate(order) if i in wanted]
         if which and not self._checking:
             self._compute(which, [llama_cpp.llama_get_logits_ith(ctx.ptr, order[j])
@@ -174,7 +168,7 @@ class Hook:
         self._checking = True
         try:
             ctx.run_rows([(0, tokens, 0, True)], {})
-        except RuntimeError:  # `fill` found other rows than asked: never used
+        except RuntimeError:  # `fill` found other rows or positions than asked: never used
             return False
         finally:
             self._checking = False
@@ -202,3 +196,12 @@ def output_order(lengths: Sequence[tuple[int, int]], logits: Sequence[bool], n_u
             order.extend(i for i in range(first, first + n) if logits[i])
             cursor[seq_id] += n
     return order
+
+
+#: checked on each context's own output weight (`Hook.verify`), not once per process
+KERNEL = Kernel(
+    name="head", source="q8_head", env="NGRAMSPEC_OWN_HEAD", hook_struct=_Hook,
+    functions={"ngs_q8_0_head": (C.c_int, [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p,
+                                           C.c_int64, C.c_void_p, C.c_int, C.c_void_p, C.c_int,
+                                           C.c_void_p])},
+    create=Hook.create, node_kernel=False)

@@ -11,7 +11,7 @@ FLASH_ATTN_EXT node of a graph itself, a row's arithmetic fixed whatever its bat
 converted once per tile for all the heads and rows that read them.
 
 How a context uses it: `Hook.install` puts the C eval callback into
-llama_context_params (chaining the output layer's, own_head.py, when there is one).
+llama_context_params (chaining the output layer's, head.py, when there is one).
 ggml's scheduler asks the callback about every node before computing it; each
 FLASH_ATTN_EXT node it supports (F32 queries, F16 K and V, no ALiBi, no soft-capping,
 no sinks, head sizes multiples of 32 up to 512) becomes a GGML_OP_CUSTOM node of the
@@ -30,10 +30,9 @@ Set NGRAMSPEC_OWN_ATTENTION=0 to turn it off.
 from __future__ import annotations
 
 import ctypes as C
-import os
-from functools import cache
 
-from . import native_lib
+from . import ggml
+from .kernel import HookArgs, Kernel
 from .node_hook import OFFSET_FIELDS, NodeHook, offsets
 
 
@@ -46,41 +45,24 @@ class _AttnHook(C.Structure):
                 ("next_user", C.c_void_p), ("work", C.c_void_p), ("work_floats", C.c_int64)]
 
 
-def wanted() -> bool:
-    """Whether this machine runs the kernel (native_lib.cpu_ok) and it is not turned off
-    (NGRAMSPEC_OWN_ATTENTION=0)."""
-    return os.environ.get("NGRAMSPEC_OWN_ATTENTION", "1") != "0" and native_lib.cpu_ok()
-
-
-@cache
-def library() -> C.CDLL | None:
-    """The compiled kernel, or None where it cannot be had or is turned off."""
-    lib = native_lib.library("attention") if wanted() else None
-    if lib is None:
-        return None
-    lib.ngs_attn_free.restype, lib.ngs_attn_free.argtypes = None, [C.c_void_p]
-    return lib
-
-
 class Hook(NodeHook):
     """A context's attention callback (node_hook.NodeHook)."""
 
     free_fn, what = "ngs_attn_free", "attention"
 
     @classmethod
-    def create(cls, n_threads: int) -> "Hook | None":
-        lib = library()
-        off = native_lib.tensor_offsets()
-        op_fa, op_custom = native_lib.op_code("FLASH_ATTN_EXT"), native_lib.op_code("CUSTOM")
-        if lib is None or off is None or op_fa is None or op_custom is None:
-            return None
-        return cls(lib, off, op_fa, op_custom, n_threads)
+    def create(cls, lib: C.CDLL, args: HookArgs) -> "Hook":
+        return cls(lib, args.n_threads)
 
-    def __init__(self, lib: C.CDLL, off: dict[str, int], op_fa: int, op_custom: int,
-                 n_threads: int):
+    def __init__(self, lib: C.CDLL, n_threads: int):
         self.lib = lib
-        self.hook = _AttnHook(**offsets(off), op_fa=op_fa, op_custom=op_custom,
-                              type_f32=native_lib.GGML_TYPE_F32,
-                              type_f16=native_lib.GGML_TYPE_F16, nth=max(1, n_threads),
-                              enabled=1)
+        self.hook = _AttnHook(**offsets(ggml.tensor_offsets()), op_fa=ggml.op_code("FLASH_ATTN_EXT"),
+                              op_custom=ggml.op_code("CUSTOM"), type_f32=ggml.GGML_TYPE_F32,
+                              type_f16=ggml.GGML_TYPE_F16, nth=max(1, n_threads), enabled=1)
         self.cb = C.cast(lib.ngs_attn_cb, C.c_void_p).value
+
+
+#: its values differ from llama.cpp's (a row's whatever its batch): part of the cell mode
+KERNEL = Kernel(name="attention", source="attention", env="NGRAMSPEC_OWN_ATTENTION",
+                hook_struct=_AttnHook, functions={"ngs_attn_free": (None, [C.c_void_p])},
+                create=Hook.create, same_values=False)

@@ -12,7 +12,7 @@ for bit, and depends on nothing else in the batch.
 How a context uses it: `Hook.install` chains its C eval callback in front of the ones
 installed before it (node_hook.py). Each MUL_MAT node with a plain (not repacked)
 contiguous Q5_0 weight, F32 columns and at least `min_cols` columns becomes a
-GGML_OP_CUSTOM node of the kernel. `Hook.create` first compares the kernel with the
+GGML_OP_CUSTOM node of the kernel. `kernel's self-test (`selftest`, run once by kernel.py) first compares it with the
 `vec_dot` of the llama.cpp library loaded (`ngs_mm_selftest`, 1,200 values): a build whose
 arithmetic differs (another CPU path) gets no hook, so a column's values never depend on
 which of the two computed it.
@@ -24,10 +24,9 @@ MemoryError after the decode (node_hook.py). Set NGRAMSPEC_OWN_MATMUL=0 to turn 
 from __future__ import annotations
 
 import ctypes as C
-import os
-from functools import cache
 
-from . import native_lib
+from . import ggml
+from .kernel import HookArgs, Kernel
 from .node_hook import OFFSET_FIELDS, NodeHook, offsets
 
 GGML_TYPE_Q5_0 = 6
@@ -43,36 +42,15 @@ class _MatmulHook(C.Structure):
                 ("work_bytes", C.c_int64)]
 
 
-def wanted() -> bool:
-    """Whether this machine runs the kernel (native_lib.cpu_ok) and it is not turned off
-    (NGRAMSPEC_OWN_MATMUL=0)."""
-    return os.environ.get("NGRAMSPEC_OWN_MATMUL", "1") != "0" and native_lib.cpu_ok()
-
-
-@cache
-def library() -> C.CDLL | None:
-    """The compiled kernel, or None where it cannot be had or is turned off."""
-    lib = native_lib.library("matmul") if wanted() else None
-    if lib is None:
-        return None
-    lib.ngs_mm_free.restype, lib.ngs_mm_free.argtypes = None, [C.c_void_p]
-    lib.ngs_mm_selftest.restype = C.c_int
-    lib.ngs_mm_selftest.argtypes = [C.c_void_p, C.c_void_p]
-    return lib
-
-
-@cache
-def identical() -> bool:
-    """Whether the kernel computes what the loaded llama.cpp computes, bit for bit (the
-    CPU backend must be initialized: a model is loaded)."""
-    lib, libs = library(), native_lib.ggml()
-    if lib is None or libs is None:
-        return False
-    traits = libs[1].ggml_get_type_traits_cpu(GGML_TYPE_Q5_0).contents
-    if traits.vec_dot_type != native_lib.GGML_TYPE_Q8_0 or not traits.vec_dot:
-        return False
-    return lib.ngs_mm_selftest(native_lib.from_float(native_lib.GGML_TYPE_Q8_0),
-                               traits.vec_dot) == 0
+def selftest(lib: C.CDLL) -> str | None:
+    """Why the kernel does not compute what the loaded llama.cpp computes, bit for bit
+    (1,200 values against the CPU backend's vec_dot), or None."""
+    traits = ggml.traits(GGML_TYPE_Q5_0)
+    if traits.vec_dot_type != ggml.GGML_TYPE_Q8_0 or not traits.vec_dot:
+        return "llama.cpp's Q5_0 dot product is not the one verified"
+    if lib.ngs_mm_selftest(ggml.from_float(ggml.GGML_TYPE_Q8_0), traits.vec_dot) != 0:
+        return "its values differ from llama.cpp's vec_dot_q5_0_q8_0 on this CPU (self-test)"
+    return None
 
 
 class Hook(NodeHook):
@@ -81,21 +59,23 @@ class Hook(NodeHook):
     free_fn, what = "ngs_mm_free", "the Q5_0 matmul"
 
     @classmethod
-    def create(cls, n_threads: int, min_cols: int = 2) -> "Hook | None":
+    def create(cls, lib: C.CDLL, args: HookArgs, min_cols: int = 2) -> "Hook":
         """A hook taking nodes of min_cols or more columns (one column: llama.cpp's
-        vec_dot, the same values), or None where the kernel cannot be used."""
-        off = native_lib.tensor_offsets()
-        op_mm, op_custom = native_lib.op_code("MUL_MAT"), native_lib.op_code("CUSTOM")
-        if off is None or op_mm is None or op_custom is None or not identical():
-            return None
-        return cls(library(), off, op_mm, op_custom, n_threads, min_cols)
+        vec_dot, the same values)."""
+        return cls(lib, args.n_threads, min_cols)
 
-    def __init__(self, lib: C.CDLL, off: dict[str, int], op_mm: int, op_custom: int,
-                 n_threads: int, min_cols: int):
+    def __init__(self, lib: C.CDLL, n_threads: int, min_cols: int):
+        off = ggml.tensor_offsets()
         self.lib = lib
-        self.hook = _MatmulHook(**offsets(off), extra_off=off["extra"], op_mul_mat=op_mm,
-                                op_custom=op_custom, type_f32=native_lib.GGML_TYPE_F32,
-                                type_q5_0=GGML_TYPE_Q5_0, nth=max(1, n_threads), enabled=1,
-                                min_cols=max(1, min_cols),
-                                quantize=native_lib.from_float(native_lib.GGML_TYPE_Q8_0))
+        self.hook = _MatmulHook(**offsets(off), extra_off=off["extra"],
+                                op_mul_mat=ggml.op_code("MUL_MAT"), op_custom=ggml.op_code("CUSTOM"),
+                                type_f32=ggml.GGML_TYPE_F32, type_q5_0=GGML_TYPE_Q5_0,
+                                nth=max(1, n_threads), enabled=1, min_cols=max(1, min_cols),
+                                quantize=ggml.from_float(ggml.GGML_TYPE_Q8_0))
         self.cb = C.cast(lib.ngs_mm_cb, C.c_void_p).value
+
+
+KERNEL = Kernel(name="matmul", source="matmul", env="NGRAMSPEC_OWN_MATMUL", hook_struct=_MatmulHook,
+                functions={"ngs_mm_free": (None, [C.c_void_p]),
+                           "ngs_mm_selftest": (C.c_int, [C.c_void_p, C.c_void_p])},
+                create=Hook.create, selftest=selftest)

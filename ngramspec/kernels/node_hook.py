@@ -1,4 +1,4 @@
-"""What ngramspec's graph-node kernels share (own_attention.py, own_matmul.py).
+"""What ngramspec's graph-node kernels share (attention.py, matmul.py).
 
 Each kernel has an eval callback in C (llama.cpp's public `cb_eval`) that ggml's scheduler
 asks about every node of a graph before computing it; a node the kernel supports becomes
@@ -21,7 +21,7 @@ OFFSET_FIELDS = [(n, C.c_int64) for n in ("type_off", "ne_off", "nb_off", "op_of
 
 
 def offsets(off: dict[str, int]) -> dict[str, int]:
-    """OFFSET_FIELDS' values from native_lib.tensor_offsets()."""
+    """OFFSET_FIELDS' values from ggml.tensor_offsets()."""
     return {f"{k}_off": off[k] for k in ("type", "ne", "nb", "op", "op_params", "src", "data")}
 
 

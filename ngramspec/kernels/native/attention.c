@@ -53,6 +53,9 @@ typedef struct {
     int64_t work_floats;
 } attn_hook_t;
 
+/* The size of the struct above, compared with its ctypes mirror before the library is used. */
+int64_t ngs_hook_size(void) { return (int64_t)sizeof(attn_hook_t); }
+
 /* e^x for 8 lanes (x <= 0 here; below -87.3 gives 0): Cody-Waite reduction, degree-6
  * polynomial, |relative error| < 2e-7. A fixed function of x: the same lanes give the
  * same values wherever they sit. */

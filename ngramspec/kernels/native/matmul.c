@@ -52,6 +52,9 @@ typedef struct {
     int64_t work_bytes;
 } mm_hook_t;
 
+/* The size of the struct above, compared with its ctypes mirror before the library is used. */
+int64_t ngs_hook_size(void) { return (int64_t)sizeof(mm_hook_t); }
+
 /* A Q5_0 block as the Q8_0 block of the same values: element j < 16 is the low nibble
  * of qs[j], element j + 16 its high nibble, each with bit j (j + 16) of qh as its fifth
  * bit, minus 16. */

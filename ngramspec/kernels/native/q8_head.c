@@ -38,7 +38,7 @@ int ngs_q8_0_head(const void *w, int64_t n_rows, int64_t n_embd, const float *h,
     return 0;
 }
 
-/* What the eval callback shares with Python (own_head.Hook mirrors it field by field). */
+/* What the eval callback shares with Python (head.Hook mirrors it field by field). */
 typedef struct {
     int64_t name_off, data_off, ne_off, op_off, src_off; /* fields of struct ggml_tensor */
     int32_t op_mul_mat;
@@ -50,26 +50,58 @@ typedef struct {
     const void *norm;      /* the result_norm tensor of the graph being asked */
     const void *head;      /* the output layer's weight tensor (found once) */
     int32_t head_is_output; /* the matmul over result_norm is the graph's result_output */
+    int32_t *row_pos;      /* the position of each appended row (INT32_MIN: not known) */
+    int32_t *ub_pos;       /* the positions of the ubatch being asked about (inp_pos) */
+    int32_t *ub_out;       /* which of its tokens have rows, in row order (out_ids) */
+    int64_t pos_cap;       /* int32s each of row_pos, ub_pos and ub_out holds */
+    int64_t n_ub_pos, n_ub_out; /* copied of the graph being asked; -1: none */
 } hook_t;
+
+int64_t ngs_hook_size(void) { return (int64_t)sizeof(hook_t); }
 
 static inline const void *src_of(const hook_t *u, const void *t, int i) {
     return *(const void *const *)((const char *)t + u->src_off + 8 * i);
 }
 
+/* A graph input read where a node takes it as source 1 (RoPE takes inp_pos, the last
+ * layer's GET_ROWS out_ids): copied into `to` at ask time, before any node that could
+ * reuse its memory runs (ggml frees an input only after its last reader). */
+static void copy_input(const hook_t *u, const void *s, int32_t *to, int64_t *n) {
+    const int64_t m = ((const int64_t *)((const char *)s + u->ne_off))[0];
+    const int32_t *data = *(const int32_t *const *)((const char *)s + u->data_off);
+    if (!data || m > u->pos_cap) { *n = -1; return; }
+    memcpy(to, data, (size_t)m * sizeof(int32_t));
+    *n = m;
+}
+
+/* Each kept row's position: the ubatch's inp_pos at the row's token (out_ids). */
+static void row_positions(hook_t *u, int64_t n) {
+    for (int64_t j = 0; j < n; j++) {
+        const int64_t tok = u->n_ub_out >= 0 ? (j < u->n_ub_out ? u->ub_out[j] : -1) : j;
+        u->row_pos[u->n_rows + j] = tok >= 0 && tok < u->n_ub_pos ? u->ub_pos[tok] : INT32_MIN;
+    }
+}
+
 /* llama.cpp's cb_eval (ggml_backend_sched_eval_callback). Asked about each node: wants
- * result_norm only when stopping; remembers the output matmul's weight. Called with
- * result_norm's values: appends its rows, and ends the graph there when stopping
- * (ggml's scheduler skips the rest of the split; every KV write comes earlier). */
+ * result_norm only when stopping; remembers the output matmul's weight and the ubatch's
+ * positions. Called with result_norm's values: appends its rows and their positions, and
+ * ends the graph there when stopping (ggml's scheduler skips the rest of the split; every
+ * KV write comes earlier). */
 bool ngs_eval_cb(void *t, bool ask, void *user) {
     hook_t *u = (hook_t *)user;
     const char *name = (const char *)t + u->name_off;
     if (ask) {
+        const void *s1 = src_of(u, t, 1);
+        if (s1 && strcmp((const char *)s1 + u->name_off, "inp_pos") == 0)
+            copy_input(u, s1, u->ub_pos, &u->n_ub_pos);
+        else if (s1 && strcmp((const char *)s1 + u->name_off, "out_ids") == 0)
+            copy_input(u, s1, u->ub_out, &u->n_ub_out);
         if (strcmp(name, "result_norm") == 0) {
             u->norm = t;
             return u->stop != 0;
         }
         if (u->norm && *(const int32_t *)((const char *)t + u->op_off) == u->op_mul_mat
-                && src_of(u, t, 1) == u->norm) {
+                && s1 == u->norm) {
             u->head = src_of(u, t, 0);
             u->head_is_output = strcmp(name, "result_output") == 0;
         }
@@ -78,11 +110,13 @@ bool ngs_eval_cb(void *t, bool ask, void *user) {
     const int64_t *ne = (const int64_t *)((const char *)t + u->ne_off);
     const float *data = *(const float *const *)((const char *)t + u->data_off);
     const int64_t n = ne[0] * ne[1];
-    if (u->n_rows * ne[0] + n > u->cap) {
+    if (u->n_rows * ne[0] + n > u->cap || u->n_rows + ne[1] > u->pos_cap) {
         u->overflow = 1;
     } else {
         memcpy(u->rows + u->n_rows * ne[0], data, (size_t)n * sizeof(float));
+        row_positions(u, ne[1]);
         u->n_rows += ne[1];
     }
+    u->n_ub_pos = u->n_ub_out = -1;
     return u->stop == 0;
 }

@@ -1,0 +1,163 @@
+"""`ngramspec doctor`: what a bug report needs, as `vllm collect-env` gives it.
+
+The llama.cpp build (llama-cpp-python and ggml versions, build flags, devices), the CPU
+and its flags, each kernel of ngramspec's own (active or not, and why: first for the
+process, then in a context of the model), the cache and slot folders, and the
+environment variables that change what runs. `--json` prints one object whose
+`kernels` member maps each kernel to {"active": bool, "reason": str}.
+
+Invariant: it changes nothing but, with --rebuild, the kernels' compiled files; a model
+that cannot be loaded leaves the process-level states, with the reason, not a crash.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+from pathlib import Path
+
+import click
+
+#: CPU flags that decide which kernels (ours and llama.cpp's) can run
+CPU_FLAGS = ("avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512vl",
+             "avx512dq", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_int8",
+             "amx_bf16", "neon", "asimd", "sve")
+ENV_VARS = ("NGRAMSPEC_OWN_HEAD", "NGRAMSPEC_OWN_ATTENTION", "NGRAMSPEC_OWN_MATMUL",
+            "NGRAMSPEC_CACHE_DIR", "NGRAMSPEC_CMAKE_ARGS", "GGML_CPU_TILED_MM", "CC",
+            "OMP_NUM_THREADS", "OMP_WAIT_POLICY", "OPENBLAS_CORETYPE")
+
+
+def cpu() -> dict:
+    """The CPU's model name, architecture, cores and the flags of CPU_FLAGS it has."""
+    from .host import cpu_flags
+
+    name = ""
+    try:
+        name = next((ln.split(":", 1)[1].strip() for ln in
+                     Path("/proc/cpuinfo").read_text(errors="replace").splitlines()
+                     if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    have = cpu_flags()
+    return {"model": name or platform.processor(), "machine": platform.machine(),
+            "cores": os.cpu_count(), "flags": [f for f in CPU_FLAGS if f in have]}
+
+
+def llama() -> dict:
+    """llama-cpp-python's version, ggml's, the build's system info and the devices."""
+    import llama_cpp
+
+    from .kernels import ggml, guard
+
+    return {"llama_cpp_python": getattr(llama_cpp, "__version__", "?"), "ggml": ggml.version(),
+            "verified": f"llama-cpp-python {guard.VERIFIED_LLAMA_CPP}, ggml {guard.VERIFIED_GGML}",
+            "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+            "devices": [{"name": n, "type": t} for n, t in guard.devices()]}
+
+
+def kernels_report(model_path: str | None) -> tuple[dict, dict]:
+    """(each kernel's state, what a context of the model said): the process-level
+    state, refined by a batch-invariant context of the model where one can be made."""
+    from . import kernels
+    from .kernels import build
+
+    procs = kernels.states()
+    for k in kernels.KERNELS:
+        procs[k.name]["variant"] = build.VARIANT
+        procs[k.name]["library"] = build.library(k.source).path if procs[k.name]["active"] else ""
+    context = {"model": model_path or "(embedded)", "error": None, "cell_mode": None}
+    try:
+        from .model import Context, ContextParams, Model
+
+        m = Model(model_path)
+        ctx = Context(m, ContextParams(n_ctx=512, n_batch=64))
+        for name, st in ctx.kernel_state().items():
+            procs[name].update(st)
+        context["cell_mode"] = ctx.cell_mode
+        ctx.close()
+        m.close()
+    except Exception as e:  # a report, not a crash: the process-level states stand
+        context["error"] = f"{type(e).__name__}: {e}"
+    return procs, context
+
+
+def paths(slot_save_path: str | None) -> dict:
+    """The cache folder (cost curves, compiled kernels, remembered failures) and the
+    slot folder, each with whether it can be written."""
+    from .kernels import build
+    from .paths import cache_dir
+
+    def where(p: Path | None) -> dict | None:
+        if p is None:
+            return None
+        return {"path": str(p), "exists": p.is_dir(), "writable": os.access(p, os.W_OK)}
+
+    native = cache_dir() / "native"
+    failed = sorted(str(f) for f in native.glob("*.failed")) if native.is_dir() else []
+    return {"cache": where(cache_dir()), "kernels": where(native), "failed_builds": failed,
+            "compiler": build.compiler(),
+            "slots": where(Path(slot_save_path)) if slot_save_path else None}
+
+
+def collect(model_path: str | None, slot_save_path: str | None) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        ours = version("ngramspec")
+    except PackageNotFoundError:
+        ours = "?"
+    report = {"ngramspec": ours, "python": sys.version.split()[0],
+              "platform": platform.platform(), "cpu": cpu(), "llama": llama()}
+    report["kernels"], report["context"] = kernels_report(model_path)
+    report["paths"] = paths(slot_save_path)
+    report["env"] = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
+    return report
+
+
+@click.command()
+@click.option("-m", "--model", "model_path", default=None, help="GGUF to check the kernels on "
+              "(default: the embedded model)")
+@click.option("--slot-save-path", default=None, help="the folder serve would keep slots in")
+@click.option("--rebuild", is_flag=True, help="compile the kernels again first (also after a "
+              "remembered failure)")
+@click.option("--json", "as_json", is_flag=True, help="print one JSON object")
+def doctor(model_path, slot_save_path, rebuild, as_json) -> None:
+    """Print what a bug report needs: llama.cpp build, CPU, kernels and why, paths."""
+    from .kernels import KERNELS, build
+
+    if rebuild:
+        for k in KERNELS:
+            build.library(k.source, force=True)
+    report = collect(model_path, slot_save_path)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    for line in text(report):
+        click.echo(line)
+
+
+def text(r: dict) -> list[str]:
+    """The report as lines for a terminal."""
+    lines = [f"ngramspec {r['ngramspec']}, Python {r['python']}, {r['platform']}",
+             f"CPU: {r['cpu']['model']} ({r['cpu']['machine']}, {r['cpu']['cores']} cores); "
+             f"flags: {' '.join(r['cpu']['flags']) or 'none of note'}",
+             f"llama-cpp-python {r['llama']['llama_cpp_python']}, ggml {r['llama']['ggml']} "
+             f"(kernels verified with {r['llama']['verified']})",
+             f"build: {r['llama']['system_info']}",
+             "devices: " + ", ".join(f"{d['name']} ({d['type']})" for d in r["llama"]["devices"])]
+    ctx = r["context"]
+    lines.append(f"kernels (checked in a context of {ctx['model']}" +
+                 (f"; it failed: {ctx['error']})" if ctx["error"] else
+                  f"; KV cells: {ctx['cell_mode']})") + ":")
+    for name, st in r["kernels"].items():
+        lines.append(f"  {name:<9} {'active' if st['active'] else 'inactive'}"
+                     f" [{st['variant']}]: {st['reason']}")
+    p = r["paths"]
+    for key in ("cache", "kernels", "slots"):
+        if p[key]:
+            lines.append(f"{key} folder: {p[key]['path']}"
+                         + ("" if p[key]["writable"] else " (not writable)"))
+    lines += [f"remembered failed build: {f}" for f in p["failed_builds"]]
+    lines += [f"{k}={v}" for k, v in r["env"].items()]
+    return lines
