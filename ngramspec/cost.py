@@ -456,6 +456,11 @@ def own_head_active(ctx) -> bool:
     return bool(head is not None and head.active)
 
 
+def _kernel_state(ctx) -> dict:
+    """The context's kernel states (model.Context.kernel_state), {} for a stand-in."""
+    return ctx.kernel_state() if hasattr(ctx, "kernel_state") else {}
+
+
 def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
     """The decode-cost model of a context (`model.Context`): its model file, layout and
     thread count (cached; `load_or_calibrate`), with the time it took. Decodes nothing
@@ -470,7 +475,9 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
            + (":head=own" if own_head_active(ctx) else "")
            + (":attention=own" if getattr(ctx, "attention", None) is not None else "")
-           + (":matmul=own" if getattr(ctx, "matmul", None) is not None else ""))
+           + (":matmul=own" if getattr(ctx, "matmul", None) is not None else "")
+           + "".join(sorted({f":{st['variant']}" for st in _kernel_state(ctx).values()
+                             if st.get("variant") not in (None, "", "avx2")})))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

@@ -64,8 +64,9 @@ def kernels_report(model_path: str | None) -> tuple[dict, dict]:
 
     procs = kernels.states()
     for k in kernels.KERNELS:
-        procs[k.name]["variant"] = build.VARIANT
-        procs[k.name]["library"] = build.library(k.source).path if procs[k.name]["active"] else ""
+        st = procs[k.name]
+        st["library"] = build.library(k.source, st["variant"]).path if st["active"] else ""
+        st["variants"] = {"has": list(k.variants), "cpu_runs": k.candidates()}
     context = {"model": model_path or "(embedded)", "error": None, "cell_mode": None}
     try:
         from .model import Context, ContextParams, Model
@@ -128,7 +129,8 @@ def doctor(model_path, slot_save_path, rebuild, as_json) -> None:
 
     if rebuild:
         for k in KERNELS:
-            build.library(k.source, force=True)
+            for variant in k.candidates():
+                build.library(k.source, variant, force=True)
     report = collect(model_path, slot_save_path)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -151,8 +153,9 @@ def text(r: dict) -> list[str]:
                  (f"; it failed: {ctx['error']})" if ctx["error"] else
                   f"; KV cells: {ctx['cell_mode']})") + ":")
     for name, st in r["kernels"].items():
-        lines.append(f"  {name:<9} {'active' if st['active'] else 'inactive'}"
-                     f" [{st['variant']}]: {st['reason']}")
+        lines.append(f"  {name:<9} {'active [' + st['variant'] + ']' if st['active'] else 'inactive'}"
+                     f": {st['reason']} (variants: {', '.join(st['variants']['has'])}; this "
+                     f"CPU runs {', '.join(st['variants']['cpu_runs']) or 'none'})")
     p = r["paths"]
     for key in ("cache", "kernels", "slots"):
         if p[key]:

@@ -106,14 +106,14 @@ def _quiet_logs(verbose: bool) -> None:
 def _init_backend(verbose: bool) -> None:
     lc = _llama()
     allocator.fix_mmap_threshold()  # before llama.cpp allocates anything (allocator.py)
-    lc.llama_backend_init()
-    if not verbose:
+    if not verbose:  # before the backends register: a GPU backend logs its devices then
         @lc.llama_log_callback
         def _sink(level, text, user_data):  # pragma: no cover - called from C
             return None
 
         _quiet_logs.sink = _sink  # keep the callback alive
         lc.llama_log_set(_sink, ctypes.c_void_p(0))
+    lc.llama_backend_init()
 
 
 @cache
@@ -491,18 +491,21 @@ class Context:
         return self.hooks.get("matmul")
 
     def kernel_state(self) -> dict[str, dict]:
-        """Each kernel in this context: {"active": bool, "reason": str} (the output layer
-        is active once its start-up check passed)."""
+        """Each kernel in this context: {"active": bool, "reason": str, "variant": str}
+        (the output layer is active once its start-up check passed)."""
         out = {}
         for k in kernels.KERNELS:
             hook = self.hooks.get(k.name)
             if hook is None:
-                out[k.name] = {"active": False, "reason": self.kernel_reasons.get(k.name, "")}
+                out[k.name] = {"active": False, "reason": self.kernel_reasons.get(k.name, ""),
+                               "variant": ""}
             elif k.name == "head" and not hook.active:
                 out[k.name] = {"active": False, "reason": "its start-up check did not find "
-                               "llama.cpp's rows (no plain Q8_0 output weight, or other values)"}
+                               "llama.cpp's rows (no plain Q8_0 output weight, or other values)",
+                               "variant": ""}
             else:
-                out[k.name] = {"active": True, "reason": "passes every check"}
+                out[k.name] = {"active": True, "reason": "passes every check",
+                               "variant": kernels.variant_of(hook.lib)}
         return out
 
     @property

@@ -42,7 +42,7 @@ class LoadOptions:
 
 
 def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
-                   batch_invariant: bool) -> tuple[ContextParams, list[str]]:
+                   batch_invariant: bool, verbose: bool = False) -> tuple[ContextParams, list[str]]:
     """The context settings for `opts`, and one line per setting changed to keep
     exactness (docs/exactness.md, "Command-line flags and exactness").
 
@@ -66,7 +66,7 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
             notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
                          f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
             n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
-    offload, note = device_policy(opts.n_gpu_layers, batch_invariant)
+    offload, note = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
     notes += [note] if note else []
     if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
         raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
@@ -79,16 +79,17 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
                          op_offload=offload), notes
 
 
-def device_policy(n_gpu_layers: int, batch_invariant: bool) -> tuple[bool, str | None]:
+def device_policy(n_gpu_layers: int, batch_invariant: bool,
+                  verbose: bool = False) -> tuple[bool, str | None]:
     """(llama.cpp's op_offload, a note or None) for a build whose devices are
     `kernels.guard.devices()`. Exactness is verified on the CPU backend only
     (docs/exactness.md, "Builds with a GPU backend"): in exact mode with a device besides
     the CPU, -ngl 0 keeps every node on the CPU (no op offload) and -ngl > 0 is refused
     (ConfigError); --no-batch-invariance runs as llama.cpp would."""
     from .kernels import guard
-    from .model import _llama
+    from .model import _quiet_logs
 
-    _llama()  # llama.cpp's libraries, whose device registry is read
+    _quiet_logs(verbose)  # llama.cpp initialized (its logs quiet unless verbose): devices known
     other = [f"{n} ({t})" for n, t in guard.devices() if t != "CPU"]
     if not other or not batch_invariant:
         return True, None
@@ -184,7 +185,8 @@ def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda
     if s.n_seq < 1:
         raise ConfigError(f"-np/--parallel must be >= 1, got {s.n_seq}")
     threads = s.threads or default_threads()
-    cparams, notes = context_params(s.n_ctx, s.n_seq, threads, s.options, s.batch_invariant)
+    cparams, notes = context_params(s.n_ctx, s.n_seq, threads, s.options, s.batch_invariant,
+                                    s.verbose)
     for line in notes:
         notify(line)
     model, twin = _load_models(s.model, s.options, s.batch_invariant, s.verbose)

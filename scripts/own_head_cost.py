@@ -3,15 +3,17 @@
 
     .venv/bin/python scripts/own_head_cost.py [--reps 15] [--cells 600]
 
-Two generation contexts of the embedded model in one process, as the engine makes them
-(batch-invariant, 8 KV streams of `cells` cells), one with our output layer and one with
-llama.cpp's; each decode shape (streams x tokens, every row with logits) is timed on
-both, alternated, and the logits compared bit for bit. One model process; nothing else
+Generation contexts of the embedded model in one process, as the engine makes them
+(batch-invariant, 8 KV streams of `cells` cells): one with llama.cpp's output layer and
+one with ours per instruction-set variant this CPU runs (AVX2, AVX-512 VNNI); each decode
+shape (streams x tokens, every row with logits) is timed on each, alternated, and the
+logits compared bit for bit with llama.cpp's. One model process; nothing else
 may run (docs/benchmarks.md, "An output layer of our own").
 """
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -27,12 +29,20 @@ STREAMS = 8
 SHAPES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (4, 2), (8, 1), (1, 8), (2, 8), (1, 16), (4, 4)]
 
 
-def filled(model: Model, own: bool, cells: int) -> Context:
-    """A context of STREAMS streams of `cells` cells each (the same tokens every call)."""
+def filled(model: Model, own: str | None, cells: int) -> Context:
+    """A context of STREAMS streams of `cells` cells each (the same tokens every call),
+    with our output layer's variant `own` (None: llama.cpp's)."""
     rng = np.random.default_rng(1)
-    ctx = Context(model, ContextParams(n_ctx=2048 * STREAMS, n_seq_max=STREAMS, own_head=own))
+    if own:
+        os.environ["NGRAMSPEC_KERNEL_VARIANT"] = own
+    try:
+        ctx = Context(model, ContextParams(n_ctx=2048 * STREAMS, n_seq_max=STREAMS,
+                                           own_head=own is not None,
+                                           own_matmul=False))  # only the output layer differs
+    finally:
+        os.environ.pop("NGRAMSPEC_KERNEL_VARIANT", None)
     if own and not (ctx.head is not None and ctx.head.active):
-        raise SystemExit("our output layer is not available here (`ngramspec doctor` says why)")
+        raise SystemExit(f"our output layer ({own}) is not available here (`ngramspec doctor`)")
     for s in range(STREAMS):
         toks = rng.integers(1000, 20000, cells).tolist()
         for p in range(0, cells, 60):
@@ -58,8 +68,13 @@ def main() -> int:
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     model = Model(use_extra_bufts=False)
-    ctxs = {"llama.cpp": filled(model, False, a.cells), "own": filled(model, True, a.cells)}
-    print(f"{'streams x tokens':>16} {'llama.cpp ms':>13} {'own ms':>8} {'ratio':>6}  identical")
+    from ngramspec.kernels import head
+    ctxs = {"llama.cpp": filled(model, None, a.cells)}
+    for v in head.KERNEL.candidates():
+        ctxs[v] = filled(model, v, a.cells)
+    own = [k for k in ctxs if k != "llama.cpp"]
+    print(f"{'streams x tokens':>16} {'llama.cpp ms':>13} " +
+          " ".join(f"{v + ' ms':>15} {'ratio':>6}" for v in own) + "  identical")
     for shape in SHAPES:
         times: dict[str, list[float]] = {k: [] for k in ctxs}
         same = True
@@ -69,10 +84,12 @@ def main() -> int:
             for label, ctx in ctxs.items():
                 dt, got[label] = step(ctx, shape, toks, a.cells)
                 times[label].append(dt)
-            same &= np.array_equal(got["own"].view(np.uint32), got["llama.cpp"].view(np.uint32))
+            same &= all(np.array_equal(got[v].view(np.uint32), got["llama.cpp"].view(np.uint32))
+                        for v in own)
         m = {k: 1e3 * statistics.median(v) for k, v in times.items()}
-        print(f"{shape[0]:>9} x {shape[1]:<4} {m['llama.cpp']:>13.1f} {m['own']:>8.1f} "
-              f"{m['own'] / m['llama.cpp']:>6.2f}  {same}", flush=True)
+        print(f"{shape[0]:>9} x {shape[1]:<4} {m['llama.cpp']:>13.1f} " +
+              " ".join(f"{m[v]:>15.1f} {m[v] / m['llama.cpp']:>6.2f}" for v in own) +
+              f"  {same}", flush=True)
     return 0
 
 

@@ -3,6 +3,7 @@
 against llama.cpp's own, and whether a row's values stay independent of its batch.
 
     .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul] [gen] [prompt]
+    NGRAMSPEC_KERNEL_VARIANT=avx2 .venv/bin/python scripts/own_kernel_cost.py --kernel matmul gen
 
 The engine's kernels (`ngramspec/kernels/native/attention.c`, `matmul.c`, installed into every
 batch-invariant context) turn every node they support into a GGML_OP_CUSTOM node before
@@ -45,7 +46,11 @@ def kernel_hook(ctx) -> C.Structure:
     """The context's hook of the kernel measured, whose `enabled` toggles it; exits where
     this machine cannot run the kernel."""
     if getattr(ctx, KERNEL) is None:
-        sys.exit(f"the {KERNEL} kernel is not available here (own_{KERNEL}.wanted/cpu_ok)")
+        sys.exit(f"the {KERNEL} kernel is not available here (`ngramspec doctor` says why)")
+    from ngramspec.kernels import variant_of
+
+    print(f"# {KERNEL}: the {variant_of(getattr(ctx, KERNEL).lib)} variant "
+          f"(NGRAMSPEC_KERNEL_VARIANT picks one)", flush=True)
     return getattr(ctx, KERNEL).hook
 
 

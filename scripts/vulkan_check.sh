@@ -42,6 +42,8 @@ if ! $V/bin/python -c "import llama_cpp, ngramspec" 2>/dev/null; then
   # --no-cache-dir: never pip's cached CPU wheel of llama-cpp-python
   CMAKE_ARGS="-DGGML_VULKAN=ON -DLLAVA_BUILD=OFF $INC" $V/bin/python -m pip install -q --no-cache-dir -e .
 fi
-# lavapipe is the only driver the loader is given, so the check is the same on a machine with a GPU
+# lavapipe is the only driver the loader is given, so the check is the same on a machine with a
+# GPU; ggml's Vulkan backend skips devices of type CPU (lavapipe's) unless they are named
 export VK_ICD_FILENAMES=$(ls /usr/share/vulkan/icd.d/lvp_icd*.json | head -1)
+export GGML_VK_VISIBLE_DEVICES=0
 exec $V/bin/python scripts/vulkan_run.py "$@"

@@ -4,6 +4,7 @@ guard, compiled libraries) is per process, so each case runs in a fresh interpre
 
 - `ngramspec doctor --json`: each kernel active or not, with a reason;
 - no compiler (CC=false): said once with the compiler's message, remembered, not retried;
+- every instruction-set variant the CPU runs (kernels/build.py) built and checked;
 - a cache folder that cannot be written: compiled privately, still active;
 - a CPU without AVX2/FMA/F16C (faked), another llama-cpp-python or ggml (faked), another
   device than the CPU (faked): inactive, the reason named, a context still decodes;
@@ -83,20 +84,23 @@ def test_doctor_text_names_every_kernel():
 
 
 def test_no_compiler_is_said_once_remembered_and_retried_by_setup(tmp_path):
+    from ngramspec.kernels import KERNELS
+
+    n = sum(len(k.candidates()) for k in KERNELS)  # libraries: kernels x variants this CPU runs
     env = {"CC": "false"}
     out, err = _probe(env=env, cache=tmp_path)
     _all_off(out, "compilation failed")
-    assert err.count("did not compile") == 3, err  # once per kernel, with the compiler's words
-    assert len(list((tmp_path / "native").glob("*.failed"))) == 3
+    assert err.count("did not compile") == n, err  # once per library, with the compiler's words
+    assert len(list((tmp_path / "native").glob("*.failed"))) == n
     out2, err2 = _probe(env=env, cache=tmp_path)
     _all_off(out2, "failed before")
     assert "did not compile" not in err2  # remembered: not compiled again, not said again
     assert out2["logit"] == out["logit"]
     p = _run(["-m", "ngramspec.kernels", "build"], env=env, cache=tmp_path)  # setup's step
-    assert p.returncode == 0 and p.stdout.count(": not built, its compilation failed (") == 3
-    assert p.stderr.count("did not compile") == 3  # tried again, and said again
+    assert p.returncode == 0 and p.stdout.count(": not built, its compilation failed (") == n
+    assert p.stderr.count("did not compile") == n  # tried again, and said again
     p = _run(["-m", "ngramspec.kernels", "build"], cache=tmp_path)  # a compiler: built
-    assert p.returncode == 0 and p.stdout.count(": built (") == 3, p.stdout + p.stderr
+    assert p.returncode == 0 and p.stdout.count(": built (") == n, p.stdout + p.stderr
 
 
 def test_a_cache_folder_that_cannot_be_written(tmp_path):
@@ -184,3 +188,35 @@ def test_a_slot_restored_into_another_kernel_mode_is_evaluated_again(tmp_path, m
         assert c.post("/slots/0?action=save", json={"filename": "t.bin"}).status_code == 200
         c.post("/slots/0?action=restore", json={"filename": "t.bin"})
         assert complete(c, PROMPT, 0)["timings"]["cache_n"] > 0
+
+
+def test_a_ray_pool_keeps_one_kernel_mode(monkeypatch):
+    """RayPool._one_mode with Ray stood in for (Ray is an optional extra): actors of one
+    cell mode give one line; a mix is refused, naming each actor's mode."""
+    import sys
+    import types
+
+    fake = types.ModuleType("ray")
+    fake.get = lambda refs: refs  # the stand-in's "remote" calls return values
+    fake.exceptions = types.ModuleType("ray.exceptions")
+    fake.exceptions.RayActorError = RuntimeError
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    monkeypatch.setitem(sys.modules, "ray.exceptions", fake.exceptions)
+    monkeypatch.delitem(sys.modules, "ngramspec.batch.ray_backend", raising=False)
+    from ngramspec.batch.ray_backend import RayPool
+    from ngramspec.errors import NgramSpecError
+
+    class Actor:
+        def __init__(self, mode):
+            line = f"kernels: ...; KV cells: {mode}"
+            self.kernels = types.SimpleNamespace(remote=lambda: (mode, line))
+            self.where = types.SimpleNamespace(remote=lambda: ("node", 7))
+
+    pool = object.__new__(RayPool)
+    pool.close = lambda: None
+    pool.actors = [Actor("own-attention"), Actor("own-attention")]
+    assert pool._one_mode() == "2 Ray actors, each kernels: ...; KV cells: own-attention"
+    pool.actors = [Actor("own-attention"), Actor("llama.cpp")]
+    with pytest.raises(NgramSpecError, match=r"different kernel modes \(llama.cpp, own-attention\)"):
+        pool._one_mode()
+    monkeypatch.delitem(sys.modules, "ngramspec.batch.ray_backend", raising=False)

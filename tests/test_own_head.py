@@ -48,10 +48,16 @@ SHAPES = [
 ]
 
 
-def test_rows_bit_identical_to_llama_cpp(model):
+@pytest.mark.parametrize("variant", ["avx512vnni", "avx2"])
+def test_rows_bit_identical_to_llama_cpp(model, variant, monkeypatch):
+    """Each instruction-set variant this CPU runs (kernels/build.py VARIANTS)."""
     require(own_head.KERNEL)
+    if variant not in own_head.KERNEL.candidates():
+        pytest.skip(f"this CPU does not run the {variant} variant")
+    monkeypatch.setenv("NGRAMSPEC_KERNEL_VARIANT", variant)
     toks = list(model.tokenize(long_text(6000)))
     ours = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8))
+    assert ours.kernel_state()["head"]["variant"] == variant
     theirs = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8, own_head=False))
     try:
         assert ours.head is not None and ours.head.active  # Gemma's output layer is Q8_0

@@ -24,8 +24,19 @@ def _need_kernel():
     return require(own_matmul.KERNEL)
 
 
-def test_the_kernel_equals_llama_cpps_vec_dot():
-    assert own_matmul.selftest(_need_kernel()) is None
+@pytest.mark.parametrize("variant", ["avx512vnni", "avx2"])
+def test_every_variant_equals_llama_cpps_vec_dot(variant):
+    """Each instruction-set variant this CPU runs: its library says it is that variant and
+    its self-test finds every value equal to the loaded llama.cpp's vec_dot."""
+    from ngramspec.kernels import build, kernel
+
+    _need_kernel()
+    if variant not in own_matmul.KERNEL.candidates():
+        pytest.skip(f"this CPU does not run the {variant} variant")
+    lib = build.library("matmul", variant).lib
+    assert lib is not None and kernel.variant_of(lib) == variant
+    assert kernel._checked(own_matmul.KERNEL, lib, variant) is None
+    assert own_matmul.selftest(lib) is None
 
 
 def _q5_0_blocks(rng, n_blocks):

@@ -14,7 +14,7 @@ are not what the other mode computes (docs/exactness.md, "Kernel modes").
 from __future__ import annotations
 
 from . import attention, head, matmul
-from .kernel import HookArgs, Kernel
+from .kernel import HookArgs, Kernel, variant_of
 
 #: every kernel, in the order a context chains their callbacks (the first is called last)
 KERNELS: tuple[Kernel, ...] = (head.KERNEL, attention.KERNEL, matmul.KERNEL)
@@ -29,19 +29,22 @@ def cell_mode(active: dict[str, bool]) -> str:
 
 
 def states() -> dict[str, dict]:
-    """Each kernel's state in this process: {"active": bool, "reason": str}."""
+    """Each kernel's state in this process: {"active": bool, "reason": str, "variant":
+    the instruction-set variant that runs, or ""}."""
     out = {}
     for k in KERNELS:
         lib, reason = k.state()
-        out[k.name] = {"active": lib is not None, "reason": reason or "passes every check"}
+        out[k.name] = {"active": lib is not None, "reason": reason or "passes every check",
+                       "variant": variant_of(lib) if lib is not None else ""}
     return out
 
 
 def line(states_: dict[str, dict], mode: str) -> str:
     """One line of a context's kernel states (`Context.kernel_state`) and cell mode, as
     serve, batch and generate --verbose print it at start."""
-    parts = [f"{n} on" if st["active"] else f"{n} off ({st['reason']})" for n, st in states_.items()]
+    parts = [f"{n} on ({st.get('variant') or '?'})" if st["active"] else f"{n} off ({st['reason']})"
+             for n, st in states_.items()]
     return f"kernels: {', '.join(parts)}; KV cells: {mode}"
 
 
-__all__ = ["KERNELS", "BY_NAME", "HookArgs", "Kernel", "cell_mode", "line", "states"]
+__all__ = ["KERNELS", "BY_NAME", "HookArgs", "Kernel", "cell_mode", "line", "states", "variant_of"]

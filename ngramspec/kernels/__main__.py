@@ -18,9 +18,10 @@ def main(argv: list[str]) -> int:
         print(f"ngramspec kernels: not built, {reason}; llama.cpp's kernels run instead")
         return 0
     for k in KERNELS:
-        built = build.library(k.source, force=True)
-        print(f"ngramspec kernel {k.name}: " + (f"built ({built.path})" if built.lib is not None
-                                                else f"not built, {built.reason}"))
+        for variant in k.candidates():
+            built = build.library(k.source, variant, force=True)
+            print(f"ngramspec kernel {k.name} ({variant}): " +
+                  (f"built ({built.path})" if built.lib is not None else f"not built, {built.reason}"))
     return 0
 
 

@@ -38,9 +38,17 @@ SOURCES = Path(__file__).with_name("native")
 #: the instruction sets the intrinsics name and no others (not -march=native: a VM may
 #: advertise extensions it traps), and no contraction of products the source keeps apart
 CFLAGS = ("-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
-VARIANT = "avx2"  # the instruction set CFLAGS compile for, as reports name it
+#: instruction-set variants a kernel's source may be compiled as: name -> (flags added to
+#: CFLAGS, the CPU flags (/proc/cpuinfo) it needs), best first. A source that has no code
+#: of its own for a variant compiles as AVX2 there; kernel.py runs a variant only where its
+#: library says it is that variant (`ngs_variant`) and its checks pass.
+VARIANTS = {
+    "avx512vnni": (("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                   ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "avx2": ((), ("avx2", "fma", "f16c")),
+}
 _LOCK = threading.Lock()
-_DONE: dict[str, "Built"] = {}
+_DONE: dict[tuple[str, str], "Built"] = {}
 
 
 @dataclass(frozen=True)
@@ -57,27 +65,32 @@ def compiler() -> str:
     return os.environ.get("CC") or "cc"
 
 
-def _tag(name: str) -> str:
+def flags(variant: str) -> tuple[str, ...]:
+    return (*CFLAGS, *VARIANTS[variant][0])
+
+
+def _tag(name: str, variant: str) -> str:
     """A digest of what the library depends on: its source, every header, compiler, flags."""
     src = (SOURCES / f"{name}.c").read_bytes()
     src += b"".join(h.read_bytes() for h in sorted(SOURCES.glob("*.h")))
-    return hashlib.sha256(src + " ".join((compiler(), *CFLAGS, platform.machine())).encode()
+    return hashlib.sha256(src + " ".join((compiler(), *flags(variant), platform.machine())).encode()
                           ).hexdigest()[:16]
 
 
-def library(name: str, force: bool = False) -> Built:
-    """native/<name>.c compiled (or found compiled) and loaded; once per process unless
-    `force`, which also compiles again after a remembered failure."""
+def library(name: str, variant: str = "avx2", force: bool = False) -> Built:
+    """native/<name>.c compiled as `variant` (or found compiled) and loaded; once per
+    process unless `force`, which also compiles again after a remembered failure."""
     with _LOCK:
-        if force or name not in _DONE:
-            _DONE[name] = _build_or_load(name, force)
-        return _DONE[name]
+        if force or (name, variant) not in _DONE:
+            _DONE[name, variant] = _build_or_load(name, variant, force)
+        return _DONE[name, variant]
 
 
-def _build_or_load(name: str, force: bool) -> Built:
-    tag = _tag(name)
+def _build_or_load(name: str, variant: str, force: bool) -> Built:
+    tag = _tag(name, variant)
     folder = cache_dir() / "native"
-    out, failed = folder / f"{name}-{tag}.so", folder / f"{name}-{tag}.failed"
+    stem = f"{name}-{variant}-{tag}"
+    out, failed = folder / f"{stem}.so", folder / f"{stem}.failed"
     if out.exists():
         return _load(out)
     if not force and failed.exists():
@@ -89,8 +102,8 @@ def _build_or_load(name: str, force: bool) -> Built:
         probe = tempfile.NamedTemporaryFile(dir=folder, suffix=".so", delete=False)
         probe.close()
     except OSError:  # a cache folder that cannot be written: a private one for this process
-        return _build_private(name)
-    error = _compile(name, Path(probe.name))
+        return _build_private(name, variant)
+    error = _compile(name, variant, Path(probe.name))
     if error is None:
         os.replace(probe.name, out)
         failed.unlink(missing_ok=True)
@@ -100,23 +113,23 @@ def _build_or_load(name: str, force: bool) -> Built:
         failed.write_text(error)
     except OSError:
         pass
-    return _said(name, error, str(failed))
+    return _said(f"{name} ({variant})", error, str(failed))
 
 
-def _build_private(name: str) -> Built:
+def _build_private(name: str, variant: str) -> Built:
     """Compile into a temporary folder of this process, load, and remove the folder."""
     folder = Path(tempfile.mkdtemp(prefix="ngramspec-kernels-"))
     try:
         out = folder / f"{name}.so"
-        error = _compile(name, out)
-        return _said(name, error, "") if error is not None else _load(out)
+        error = _compile(name, variant, out)
+        return _said(f"{name} ({variant})", error, "") if error is not None else _load(out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _compile(name: str, out: Path) -> str | None:
+def _compile(name: str, variant: str, out: Path) -> str | None:
     """Run the compiler; None when it made `out`, else its message (stderr and stdout)."""
-    cmd = [compiler(), *CFLAGS, "-o", str(out), str(SOURCES / f"{name}.c")]
+    cmd = [compiler(), *flags(variant), "-o", str(out), str(SOURCES / f"{name}.c")]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:

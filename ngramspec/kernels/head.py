@@ -204,4 +204,4 @@ KERNEL = Kernel(
     functions={"ngs_q8_0_head": (C.c_int, [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p,
                                            C.c_int64, C.c_void_p, C.c_int, C.c_void_p, C.c_int,
                                            C.c_void_p])},
-    create=Hook.create, node_kernel=False)
+    create=Hook.create, node_kernel=False, variants=("avx512vnni", "avx2"))

@@ -6,8 +6,12 @@ entry in `KERNELS` (__init__.py).
 
 `Kernel.state()` says, for this process, whether the kernel may run and if not why, in
 this order: its switch (`env`=0), the process guard (guard.py: CPU, build, devices,
-layouts), its compilation (build.py), the sizes its C side exports against the ctypes
-mirrors, and its self-test against the loaded llama.cpp where it has one. A context
+layouts), then for each instruction-set variant of `variants` (best first: build.VARIANTS)
+that the CPU has the flags for (only the one `NGRAMSPEC_KERNEL_VARIANT` names, where set
+and the kernel has it): its
+compilation (build.py), the variant its library says it is, the sizes its C side exports
+against the ctypes mirrors, and its self-test against the loaded llama.cpp where it has
+one. The first variant that passes runs; a variant that fails a check leaves the next. A context
 then asks `hook(...)` for its eval callback (None where the state is not active) and may
 still decline it for reasons of its own (`Context.kernel_state`).
 
@@ -43,6 +47,7 @@ class Kernel:
     functions: dict[str, tuple[Any, list]]  # C functions: name -> (restype, argtypes)
     create: Callable[[C.CDLL, HookArgs], Any]  # the context's hook object, or None
     node_kernel: bool = True  # rewrites graph nodes as CUSTOM nodes (native/node.h)
+    variants: tuple[str, ...] = ("avx2",)  # instruction sets its source has code for
     same_values: bool = True  # its values are llama.cpp's bit for bit
     selftest: Callable[[C.CDLL], str | None] | None = field(default=None, compare=False)
 
@@ -56,11 +61,23 @@ class Kernel:
         reason = guard.blocker()
         if reason:
             return None, reason
-        built = build.library(self.source)
-        if built.lib is None:
-            return None, built.reason
-        reason = _checked(self, built.lib)
-        return (None, reason) if reason else (built.lib, "")
+        reasons = []
+        for variant in self.candidates():
+            built = build.library(self.source, variant)
+            reason = built.reason if built.lib is None else _checked(self, built.lib, variant)
+            if not reason:
+                return built.lib, ""
+            reasons.append(f"{variant}: {reason}" if len(self.candidates()) > 1 else reason)
+        return None, "; ".join(reasons) or (
+            f"this CPU runs none of its variants ({', '.join(self.variants)})")
+
+    def candidates(self) -> list[str]:
+        """Its variants this CPU can run, best first; only the one NGRAMSPEC_KERNEL_VARIANT
+        names where it has that one (a kernel without it keeps its own)."""
+        want = os.environ.get("NGRAMSPEC_KERNEL_VARIANT")
+        mine = [want] if want in self.variants else list(self.variants)
+        have = guard.cpu_flags()
+        return [v for v in build.VARIANTS if v in mine and set(build.VARIANTS[v][1]) <= have]
 
     def library(self) -> C.CDLL | None:
         return self.state()[0]
@@ -74,11 +91,21 @@ class Kernel:
 _CHECKED: dict[tuple[str, int], str | None] = {}
 
 
-def _checked(kernel: Kernel, lib: C.CDLL) -> str | None:
-    """`_check`, once per kernel and library."""
+def variant_of(lib: C.CDLL) -> str:
+    """The instruction-set variant a kernel library was compiled as."""
+    if not hasattr(lib, "ngs_variant"):
+        return "avx2"
+    lib.ngs_variant.restype = C.c_char_p
+    return lib.ngs_variant().decode()
+
+
+def _checked(kernel: Kernel, lib: C.CDLL, variant: str = "avx2") -> str | None:
+    """`_check`, once per kernel and library; also that the library is `variant`."""
     key = (kernel.name, lib._handle)
     if key not in _CHECKED:
-        _CHECKED[key] = _check(kernel, lib)
+        got = variant_of(lib)
+        _CHECKED[key] = (f"its library is the {got} variant, not {variant}" if got != variant
+                         else _check(kernel, lib))
     return _CHECKED[key]
 
 

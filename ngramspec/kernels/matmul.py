@@ -78,4 +78,4 @@ class Hook(NodeHook):
 KERNEL = Kernel(name="matmul", source="matmul", env="NGRAMSPEC_OWN_MATMUL", hook_struct=_MatmulHook,
                 functions={"ngs_mm_free": (None, [C.c_void_p]),
                            "ngs_mm_selftest": (C.c_int, [C.c_void_p, C.c_void_p])},
-                create=Hook.create, selftest=selftest)
+                create=Hook.create, selftest=selftest, variants=("avx512vnni", "avx2"))

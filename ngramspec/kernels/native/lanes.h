@@ -1,4 +1,4 @@
-/* Shared by ngramspec's kernels (native/*.c): the sum of 8 float lanes in one fixed
+/* Shared by ngramspec's kernels (the C files beside it): the sum of 8 float lanes in one fixed
  * order (ggml's hsum_float_8: high half plus low half, then pairs, then the last two),
  * so that a value never depends on which kernel or loop produced its lanes. */
 #ifndef NGS_LANES_H

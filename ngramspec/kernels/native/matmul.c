@@ -1,5 +1,5 @@
 /* Matrix products of llama.cpp graphs with Q5_0 weights, computed outside llama.cpp
- * (ngramspec/own_matmul.py), every value bit for bit what ggml's CPU backend computes.
+ * (ngramspec/kernels/matmul.py), every value bit for bit what ggml's CPU backend computes.
  *
  * ggml multiplies a Q5_0 matrix by a batch of columns with llamafile's tinyBLAS (2 or
  * more columns) or vec_dot_q5_0_q8_0 (one), both on the columns quantized to Q8_0, and
@@ -81,8 +81,8 @@ static inline int64_t up(int64_t n) { return (n + ALIGN - 1) & ~(int64_t)(ALIGN 
 /* Scratch bytes one thread needs for M columns of K values. */
 static int64_t work_needed(int64_t K, int64_t M) {
     const int64_t nb = K / 32;
-    return up(M * nb * (int64_t)sizeof(block_q8)) + up(M * nb * 4) +
-           up(TR * nb * (int64_t)sizeof(block_q8)) + up(M * (int64_t)sizeof(float *));
+    return up(cols_bytes((int)M, (int)nb)) + up(TR * nb * (int64_t)sizeof(block_q8)) +
+           up(M * (int64_t)sizeof(float *));
 }
 
 /* Thread ith of nth: rows [.., ..) of its share of dst[c][r] = row r of w (N rows of K
@@ -92,14 +92,13 @@ static void mm_compute(const char *w, size_t row_bytes, int64_t N, int64_t K, co
                        size_t x_stride, int64_t M, char *dst, size_t dst_stride,
                        from_float_t quantize, char *work, int ith, int nth) {
     const int nb = (int)(K / 32);
-    block_q8 *y = (block_q8 *)work;
-    float *yd = (float *)(work + up(M * nb * (int64_t)sizeof(block_q8)));
-    block_q8 *tile = (block_q8 *)((char *)yd + up(M * nb * 4));
+    const cols_t cols = cols_at(work, (int)M, nb);
+    block_q8 *tile = (block_q8 *)(work + up(cols_bytes((int)M, nb)));
     float **out = (float **)((char *)tile + up(TR * nb * (int64_t)sizeof(block_q8)));
     const int64_t n_tiles = (N + TR - 1) / TR;
     const int64_t t0 = n_tiles * ith / nth, t1 = n_tiles * (ith + 1) / nth;
     if (t0 == t1) return;
-    quantize_cols(quantize, x, (int64_t)x_stride, NULL, (int)M, K, y, yd);
+    quantize_cols(quantize, x, (int64_t)x_stride, NULL, &cols);
     for (int64_t ti = t0; ti < t1; ++ti) {
         const int64_t r0 = ti * TR, r1 = r0 + TR < N ? r0 + TR : N;
         for (int64_t r = r0; r < r1; ++r) {
@@ -107,7 +106,7 @@ static void mm_compute(const char *w, size_t row_bytes, int64_t N, int64_t K, co
             for (int b = 0; b < nb; ++b) unpack_q5_0(row + b, tile + (r - r0) * nb + b);
         }
         for (int64_t c = 0; c < M; ++c) out[c] = (float *)(dst + c * dst_stride) + r0;
-        rows_x_all_cols(tile, 0, r1 - r0, nb, y, yd, (int)M, out);
+        rows_x_all_cols(tile, 0, r1 - r0, &cols, out);
     }
 }
 

@@ -24,17 +24,15 @@ int ngs_q8_0_head(const void *w, int64_t n_rows, int64_t n_embd, const float *h,
                   int64_t h_stride, const int32_t *which, int k, float **out, int nth,
                   from_float_t from_float) {
     const int nb = (int)(n_embd / 32);
-    block_q8 *y = malloc(sizeof(block_q8) * (size_t)nb * (size_t)k);
-    float *yd = malloc(sizeof(float) * (size_t)nb * (size_t)k);
-    if (!y || !yd) { free(y); free(yd); return -1; }
-    quantize_cols(from_float, (const char *)h, h_stride * (int64_t)sizeof(float), which, k, n_embd,
-                  y, yd);
+    char *mem = aligned_alloc(64, (size_t)cols_bytes(k, nb));
+    if (!mem) return -1;
+    const cols_t cols = cols_at(mem, k, nb);
+    quantize_cols(from_float, (const char *)h, h_stride * (int64_t)sizeof(float), which, &cols);
     const block_q8 *wb = (const block_q8 *)w;
 #pragma omp parallel for schedule(static) num_threads(nth)
     for (int64_t r0 = 0; r0 < n_rows; r0 += 16)  /* 16 weight rows stay in L1 for all columns */
-        rows_x_all_cols(wb, r0, r0 + 16 < n_rows ? r0 + 16 : n_rows, nb, y, yd, k, out);
-    free(y);
-    free(yd);
+        rows_x_all_cols(wb, r0, r0 + 16 < n_rows ? r0 + 16 : n_rows, &cols, out);
+    free(mem);
     return 0;
 }
 
