@@ -449,16 +449,13 @@ def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], flo
     return measure
 
 
-def own_head_active(ctx) -> bool:
-    """Whether the context's decodes of 2+ logit rows take our output layer (kernels/head.py),
-    which costs them differently."""
-    head = getattr(ctx, "head", None)
-    return bool(head is not None and head.active)
-
-
-def _kernel_state(ctx) -> dict:
-    """The context's kernel states (model.Context.kernel_state), {} for a stand-in."""
-    return ctx.kernel_state() if hasattr(ctx, "kernel_state") else {}
+def _kernel_key(ctx) -> str:
+    """The cost key's part for the context's kernels: ":<name>=own" for each active one
+    (kernels.KERNELS order), then each instruction-set variant other than AVX2 in use."""
+    states = ctx.kernel_state() if hasattr(ctx, "kernel_state") else {}  # {}: a stand-in
+    return ("".join(f":{n}=own" for n, st in states.items() if st["active"])
+            + "".join(sorted({f":{st['variant']}" for st in states.values()
+                              if st["active"] and st["variant"] != "avx2"})))
 
 
 def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
@@ -473,11 +470,7 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
-           + (":head=own" if own_head_active(ctx) else "")
-           + (":attention=own" if getattr(ctx, "attention", None) is not None else "")
-           + (":matmul=own" if getattr(ctx, "matmul", None) is not None else "")
-           + "".join(sorted({f":{st['variant']}" for st in _kernel_state(ctx).values()
-                             if st.get("variant") not in (None, "", "avx2")})))
+           + _kernel_key(ctx))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

@@ -466,7 +466,7 @@ class Context:
         args = kernels.HookArgs(lc.llama_model_n_embd(model.ptr), params.n_batch,
                                 max(params.n_threads, params.n_threads_batch or 0))
         for k in kernels.KERNELS:
-            if not params.batch_invariant or not getattr(params, f"own_{k.name}"):
+            if not params.batch_invariant or not getattr(params, f"own_{k.name}", True):
                 self.kernel_reasons[k.name] = ("the context is not batch-invariant"
                                                if not params.batch_invariant else
                                                "not used by this context")

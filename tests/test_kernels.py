@@ -70,7 +70,7 @@ def test_doctor_json_every_kernel_off_with_its_reason():
     report = json.loads(p.stdout)
     assert set(report["kernels"]) == {"head", "attention", "matmul"}
     for name, st in report["kernels"].items():
-        assert st["active"] is False and f"=0" in st["reason"], (name, st)
+        assert st["active"] is False and "=0" in st["reason"], (name, st)
     assert report["context"]["cell_mode"] == "llama.cpp"
     assert report["llama"]["llama_cpp_python"] and report["cpu"]["machine"]
     assert report["paths"]["cache"]["path"]

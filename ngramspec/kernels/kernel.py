@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import build, guard
@@ -40,16 +40,19 @@ class HookArgs:
 
 @dataclass(frozen=True)
 class Kernel:
-    name: str  # as in `ngramspec doctor` and ContextParams.own_<name>
+    """One kernel, described once. Invariant: `state()` hands out a library only after
+    every check passed for it; `hook` gives None wherever `state()` gives no library."""
+
+    name: str  # as in `ngramspec doctor` and ContextParams.own_<name> (where there is one)
     source: str  # native/<source>.c
     env: str  # <env>=0 turns it off
     hook_struct: type  # the ctypes mirror of the C struct its callback gets
     functions: dict[str, tuple[Any, list]]  # C functions: name -> (restype, argtypes)
-    create: Callable[[C.CDLL, HookArgs], Any]  # the context's hook object, or None
+    create: Callable[[C.CDLL, HookArgs], Any]  # the context's hook object on that library
     node_kernel: bool = True  # rewrites graph nodes as CUSTOM nodes (native/node.h)
     variants: tuple[str, ...] = ("avx2",)  # instruction sets its source has code for
     same_values: bool = True  # its values are llama.cpp's bit for bit
-    selftest: Callable[[C.CDLL], str | None] | None = field(default=None, compare=False)
+    selftest: Callable[[C.CDLL], str | None] | None = None  # why its values differ, or None
 
     def switched_off(self) -> bool:
         return os.environ.get(self.env, "1") == "0"
