@@ -471,9 +471,9 @@ class Context:
                                                if not params.batch_invariant else
                                                "not used by this context")
                 continue
-            hook = k.hook(args)
+            hook, reason = k.hook(args)
             if hook is None:
-                self.kernel_reasons[k.name] = k.state()[1]
+                self.kernel_reasons[k.name] = reason
                 continue
             hook.install(cp)
             self.hooks[k.name] = hook
@@ -499,7 +499,7 @@ class Context:
             if hook is None:
                 out[k.name] = {"active": False, "reason": self.kernel_reasons.get(k.name, ""),
                                "variant": ""}
-            elif k.name == "head" and not hook.active:
+            elif not getattr(hook, "active", True):  # a hook checked on this context (head)
                 out[k.name] = {"active": False, "reason": "its start-up check did not find "
                                "llama.cpp's rows (no plain Q8_0 output weight, or other values)",
                                "variant": ""}

@@ -221,7 +221,8 @@ def test_a_ray_pool_keeps_one_kernel_mode(monkeypatch):
     pool = object.__new__(RayPool)
     pool.close = lambda: None
     pool.actors = [Actor("own-attention"), Actor("own-attention")]
-    assert pool._one_mode() == "2 Ray actors, each kernels: ...; KV cells: own-attention"
+    assert pool._one_mode() == ("own-attention",
+                                "2 Ray actors, each kernels: ...; KV cells: own-attention")
     pool.actors = [Actor("own-attention"), Actor("llama.cpp")]
     with pytest.raises(NgramSpecError, match=r"different kernel modes \(llama.cpp, own-attention\)"):
         pool._one_mode()

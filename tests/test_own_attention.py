@@ -117,7 +117,7 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
 
     from ngramspec.kernels import ggml as native_lib
     require(own_attention.KERNEL)
-    hook = own_attention.KERNEL.hook(HookArgs(0, 0, 1))
+    hook, _ = own_attention.KERNEL.hook(HookArgs(0, 0, 1))
     libs, off = native_lib.ggml(), native_lib.tensor_offsets()
     lib = hook.lib
     lib.ngs_attn_cb.argtypes = [C.c_void_p, C.c_bool, C.c_void_p]

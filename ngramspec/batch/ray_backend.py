@@ -94,19 +94,18 @@ class RayPool:
         except RayActorError as e:
             self.close()
             raise RuntimeError(f"a Ray actor could not load its engine: {e}") from None
-        self.kernel_line = self._one_mode()
-        self.mode = self.kernel_line.rsplit("KV cells: ", 1)[-1]
+        self.mode, self.kernel_line = self._one_mode()
         self.retried = 0  # records re-sent after their actor died
         self.lost_actors = 0
         self.last_error = ""
 
-    def _one_mode(self) -> str:
-        """The actors' kernel line, if all compute KV cells in one mode; else the pool is
-        closed and NgramSpecError names each actor's mode."""
+    def _one_mode(self) -> tuple[str, str]:
+        """(the actors' cell mode, their kernel line), if all compute KV cells in one mode;
+        else the pool is closed and NgramSpecError names each actor's mode."""
         got = ray.get([a.kernels.remote() for a in self.actors])
         modes = {mode for mode, _ in got}
         if len(modes) == 1:
-            return f"{len(got)} Ray actors, each {got[0][1]}"
+            return got[0][0], f"{len(got)} Ray actors, each {got[0][1]}"
         where = self.where()
         each = "; ".join(f"{h} pid {p}: {line}" for (h, p), (_, line) in zip(where, got))
         self.close()

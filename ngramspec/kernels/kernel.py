@@ -41,7 +41,7 @@ class HookArgs:
 @dataclass(frozen=True)
 class Kernel:
     """One kernel, described once. Invariant: `state()` hands out a library only after
-    every check passed for it; `hook` gives None wherever `state()` gives no library."""
+    every check passed for it; `hook` gives no hook wherever `state()` gives no library."""
 
     name: str  # as in `ngramspec doctor` and ContextParams.own_<name> (where there is one)
     source: str  # native/<source>.c
@@ -64,13 +64,13 @@ class Kernel:
         reason = guard.blocker()
         if reason:
             return None, reason
-        reasons = []
-        for variant in self.candidates():
+        reasons, variants = [], self.candidates()
+        for variant in variants:
             built = build.library(self.source, variant)
             reason = built.reason if built.lib is None else _checked(self, built.lib, variant)
             if not reason:
                 return built.lib, ""
-            reasons.append(f"{variant}: {reason}" if len(self.candidates()) > 1 else reason)
+            reasons.append(f"{variant}: {reason}" if len(variants) > 1 else reason)
         return None, "; ".join(reasons) or (
             f"this CPU runs none of its variants ({', '.join(self.variants)})")
 
@@ -85,10 +85,11 @@ class Kernel:
     def library(self) -> C.CDLL | None:
         return self.state()[0]
 
-    def hook(self, args: HookArgs):
-        """A context's hook of this kernel (not yet installed), or None where it may not run."""
-        lib = self.library()
-        return None if lib is None else self.create(lib, args)
+    def hook(self, args: HookArgs) -> tuple[Any, str]:
+        """(a context's hook of this kernel, not yet installed, "") or (None, why it may
+        not run)."""
+        lib, reason = self.state()
+        return (None, reason) if lib is None else (self.create(lib, args), "")
 
 
 _CHECKED: dict[tuple[str, int], str | None] = {}
