@@ -362,28 +362,16 @@ def _bench_pipeline(parallel, docs, n_docs, n_predict, threads, ctx_size, model,
                      llama_server, types, progress=lambda s: status.update(s), own_types=own,
                      server_args=args[0], peer_args=args[1], rounds=rounds)
     _print_pipeline(rep, counts, len(documents), n_predict)
-    where = _measured_on()
-    out_console.print(f"measured on: {where['cpu']['model']} ({where['cpu']['machine']}, "
-                      f"{where['cpu']['cores']} cores; {' '.join(where['cpu']['flags'])}); "
-                      f"ngramspec kernels: {where['kernels']}", markup=False)
+    from .doctor import measured_on, measured_on_line
+
+    where = measured_on()
+    out_console.print(measured_on_line(where), markup=False)
     if json_out:
         Path(json_out).write_text(json.dumps({"runs": [asdict(r) for r in rep.runs],
                                               "rounds": [asdict(r) for r in rep.rounds],
                                               "checks": rep.checks,
                                               "check_rounds": rep.check_rounds,
                                               "measured_on": where}, indent=1))
-
-
-def _measured_on() -> dict:
-    """The CPU, its flags and the kernel variants the servers run (this process's states:
-    the same machine and environment), for every bench figure."""
-    import llama_cpp  # noqa: F401  (the kernels' guard reads ggml's libraries)
-
-    from . import doctor, kernels
-
-    states = kernels.states()
-    return {"cpu": doctor.cpu(), "kernels": ", ".join(
-        f"{n} {st['variant']}" if st["active"] else f"{n} off" for n, st in states.items())}
 
 
 def _print_pipeline(rep, counts, n_docs, n_predict) -> None:

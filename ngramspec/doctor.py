@@ -164,3 +164,21 @@ def text(r: dict) -> list[str]:
     lines += [f"remembered failed build: {f}" for f in p["failed_builds"]]
     lines += [f"{k}={v}" for k, v in r["env"].items()]
     return lines
+
+
+def measured_on() -> dict:
+    """The CPU, its flags and the kernel variants this process's models run (the same
+    machine and environment as a bench's servers), for every bench figure."""
+    import llama_cpp  # noqa: F401  (the kernels' guard reads ggml's libraries)
+
+    from . import kernels
+
+    states = kernels.states()
+    return {"cpu": cpu(), "kernels": ", ".join(
+        f"{n} {st['variant']}" if st["active"] else f"{n} off" for n, st in states.items())}
+
+
+def measured_on_line(where: dict) -> str:
+    c = where["cpu"]
+    return (f"measured on: {c['model']} ({c['machine']}, {c['cores']} cores; "
+            f"{' '.join(c['flags'])}); ngramspec kernels: {where['kernels']}")

@@ -115,6 +115,14 @@ class SeqState:
     def draft_n_accepted(self) -> int:
         return self.spec.draft_n_accepted if self.spec else 0
 
+    @property
+    def prediction(self) -> tuple[int, int] | None:
+        """(tokens drafted from the request's prediction, of them accepted), None without
+        a prediction (nothing verified of it, or no speculation)."""
+        if self.spec is None or not self.spec.own:
+            return None
+        return self.spec.own_n, self.spec.own_n_accepted
+
 
 @dataclass
 class StepOutput:

@@ -54,6 +54,7 @@ class GenerationResponse:
     stopping_word: str = ""
     truncated: bool = False  # stopped because the slot's context is full, or shifted
     probs: list[TokenOutput] = field(default_factory=list)  # per emitted token, when n_probs > 0
+    prediction: tuple[int, int] | None = None  # (drafted, accepted) of the request's prediction
 
     @property
     def final(self) -> bool:
@@ -77,7 +78,8 @@ class GenerationResponse:
     def timings(self) -> dict:
         """llama.cpp's `timings` object."""
         return timings(self.prompt_tokens - self.cache_n, self.prompt_ms, self.generation_tokens,
-                       self.predicted_ms, self.draft_n, self.draft_n_accepted, self.cache_n)
+                       self.predicted_ms, self.draft_n, self.draft_n_accepted, self.cache_n,
+                       self.prediction)
 
 
 class TextStream:
@@ -160,7 +162,7 @@ class Generation:
             draft_n_accepted=st.draft_n_accepted, steps=st.steps, speculative=st.speculative,
             slot_id=st.seq_id, stop_type=stop_type, stopping_word=word,
             truncated=(finish == "length" and self.truncate_at_length) or st.n_shifted > 0,
-            probs=probs)
+            probs=probs, prediction=st.prediction)
 
     def _push_each(self, tokens: list[int], final: bool) -> list[str]:
         """Each token's text, stopping after the token that completes a stop string."""

@@ -96,11 +96,14 @@ def calibration_line(cal) -> str:
 
 
 def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
-            draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0) -> dict:
+            draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0,
+            prediction: tuple[int, int] | None = None) -> dict:
     """llama.cpp's `timings` object (server-common.cpp): prompt_n counts the prompt
     tokens evaluated (cache_n were reused); the generation rate counts the tokens
     after the first, which the prompt's logits give; draft fields only when
-    something was drafted."""
+    something was drafted. Ours on top: with a request's `prediction` = (drafted,
+    accepted) of its tokens, `prediction_n_accepted` and `prediction_n_rejected`
+    (part of draft_n / draft_n_accepted; OpenAI's accepted_/rejected_prediction_tokens)."""
     steps = max(n_predicted - 1, 0)
     t = {"cache_n": cache_n, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
          "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
@@ -111,4 +114,7 @@ def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: flo
     if draft_n:
         t["draft_n"] = draft_n
         t["draft_n_accepted"] = draft_n_accepted
+    if prediction is not None:
+        t["prediction_n_accepted"] = prediction[1]
+        t["prediction_n_rejected"] = prediction[0] - prediction[1]
     return t

@@ -30,24 +30,31 @@ from ..errors import ConfigError
               help="with --ray: engines to start (default: one per node of the cluster)")
 @click.option("--chunk-size", type=int, default=None,
               help="with --ray: records an actor pulls at a time (default: -np)")
+@click.option("--previous", "previous_paths", multiple=True,
+              type=click.Path(exists=True, dir_okay=False), metavar="FILE",
+              help="results JSONL of an earlier run (repeatable; the last file wins): a record "
+              "whose id has a text there drafts from it first (its own 'prediction' wins); "
+              "outputs are unchanged")
 @click.option("--summary-json", type=click.Path(dir_okay=False), default=None,
               help="also write the summary's numbers here as JSON")
 @click.pass_context
 def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, ordered, ray_address,
-          actors, chunk_size, summary_json, verbose, **kw: Any) -> None:
+          actors, chunk_size, previous_paths, summary_json, verbose, **kw: Any) -> None:
     """Run every record of INPUT (JSONL, '-' for stdin) and append one result line per
     record to OUTPUT.
 
     A record is {"id", "prompt"} or {"id", "messages"}, with optional n_predict,
     temperature, seed, stop, grammar/json_schema, speculative and the other samplers
     (dry_*, xtc_*, typical_p, mirostat*, ...; as in the server's
-    requests). A result line has id, line, text, finish_reason, llama.cpp's timings
-    and, if the record failed, error {type, message}. Killed and re-run, the job
+    requests), and prediction (the output expected; --previous gives each record the
+    text an earlier run gave its id). A result line has id, line, text,
+    finish_reason, llama.cpp's timings and, if the record failed, error {type, message}. Killed and re-run, the job
     goes on where it stopped. Exit status 1 if any record failed. Greedy (--temp 0)
     by default, so a re-run gives the same text. -c is shared by the -np slots.
     """
     from .job import count_records, run_job
     from .output import OutputFile
+    from .previous import load_previous, with_previous
     from .progress import Progress, Tally, summary_table
     from .runner import Defaults
 
@@ -68,12 +75,17 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
                 defaults=defaults)
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
+    texts = load_previous(previous_paths)
+    if previous_paths:
+        err_console.print(f"batch: {len(texts)} earlier texts from {len(previous_paths)} "
+                          "--previous file(s) will draft first", highlight=False)
     tally = Tally(total=None if input_path == "-" else count_records(input_path))
     backend = _backend(load, ray_address, actors, chunk_size)
     try:
         with _open_input(input_path) as lines, Progress(err_console, tally) as progress:
             tally.t0 = time.perf_counter()
-            run_job(lines, output, done, backend.run, tally, ordered, progress.update)
+            run_job(lines, output, done, lambda items: backend.run(with_previous(items, texts)),
+                    tally, ordered, progress.update)
     finally:  # the summary also when the job stops on an error: OUTPUT holds what finished
         output.close()
         tally.t_end = time.perf_counter()

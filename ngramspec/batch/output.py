@@ -33,7 +33,7 @@ class OutputFile:
         pos, cut = 0, None
         with open(self.path, "rb") as f:
             for n, raw in enumerate(f, 1):
-                obj = _result(raw) if raw.endswith(b"\n") else None
+                obj = result_line(raw) if raw.endswith(b"\n") else None
                 if obj is None:
                     if raw.endswith(b"\n") and f.read().strip():
                         raise ConfigError(f"{self.path}: line {n} is not a batch result; not "
@@ -66,7 +66,7 @@ class OutputFile:
             self._fd = None
 
 
-def _result(line: bytes) -> dict | None:
+def result_line(line: bytes) -> dict | None:
     """The JSON object of an OUTPUT line, or None if it is not a result."""
     try:
         obj = json.loads(line)

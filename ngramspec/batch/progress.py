@@ -30,6 +30,10 @@ class Tally:
     cached_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    predicted_ms: float = 0.0  # generation time, summed over records
+    prediction_accepted: int = 0  # of drafted / accepted: a record's prediction's tokens
+    prediction_rejected: int = 0
+    with_prediction: int = 0  # records that drafted from a prediction
     seq_steps: float = 0.0  # per-record verify steps, summed
     after_first: int = 0  # generated tokens after each record's first (which the prompt gives)
     t0: float = field(default_factory=time.perf_counter)
@@ -46,6 +50,11 @@ class Tally:
         self.cached_tokens += t.get("cache_n", 0)
         self.drafted += t.get("draft_n", 0)
         self.accepted += t.get("draft_n_accepted", 0)
+        self.predicted_ms += t.get("predicted_ms", 0.0)
+        if "prediction_n_accepted" in t:
+            self.with_prediction += 1
+            self.prediction_accepted += t["prediction_n_accepted"]
+            self.prediction_rejected += t["prediction_n_rejected"]
         n = max(t.get("predicted_n", 0) - 1, 0)
         self.after_first += n
         if r.tokens_per_step > 0:
@@ -99,7 +108,9 @@ class Tally:
     def as_dict(self, speed: SpeedStats | None = None) -> dict:
         d = {k: getattr(self, k) for k in ("total", "skipped", "skipped_failed", "done", "failed",
                                             "generated", "prompt_tokens", "cached_tokens",
-                                            "drafted", "accepted", "wall", "tok_per_s",
+                                            "drafted", "accepted", "predicted_ms",
+                                            "with_prediction", "prediction_accepted",
+                                            "prediction_rejected", "wall", "tok_per_s",
                                             "acceptance", "tokens_per_step")}
         if speed is not None:
             d.update(verify_steps=speed.steps, undrafted_steps=speed.undrafted,
@@ -158,6 +169,11 @@ def summary_table(t: Tally, speed: SpeedStats | None, output: str, workers: str)
     tab.add_row("aggregate tok/s", f"{t.tok_per_s:.1f}")
     tab.add_row("draft acceptance",
                 "-" if t.acceptance is None else f"{t.acceptance:.1%} ({t.accepted}/{t.drafted})")
+    if t.with_prediction:
+        tab.add_row("prediction tokens accepted / rejected",
+                    f"{t.prediction_accepted} / {t.prediction_rejected} "
+                    f"({t.with_prediction} records)")
+    tab.add_row("generation time (summed per record)", f"{t.predicted_ms / 1e3:.1f} s")
     tab.add_row("tokens per verify step", f"{t.tokens_per_step:.2f}")
     tab.add_row("speedup over plain decoding", _speedup_text(speed))
     return tab

@@ -2,7 +2,7 @@
 
 A record is `{"id": ..., "prompt": "..."}` or `{"id": ..., "messages": [...]}` with
 optional per-record overrides (`n_predict`, `temperature`, `seed`, `stop`,
-`grammar` or `json_schema`, `speculative`, and llama-server's other samplers:
+`grammar` or `json_schema`, `speculative`, `prediction`, and llama-server's other samplers:
 `jobs.types.OtherSamplers`); any other key is refused, so a typo never silently
 falls back to a default.
 
@@ -26,7 +26,7 @@ from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
 from .. import strict_json
 from ..errors import ConfigError, validation_message
-from ..jobs.types import ChatMessage, Int32, OtherSamplers, SpeculativeParams
+from ..jobs.types import ChatMessage, Int32, OtherSamplers, Prediction, SpeculativeParams
 
 
 class RecordBody(OtherSamplers):
@@ -44,6 +44,8 @@ class RecordBody(OtherSamplers):
     grammar: StrictStr | None = None
     json_schema: dict[str, Any] | None = None
     speculative: SpeculativeParams | None = None
+    # the output expected (an earlier run's text): drafted first; as OpenAI's object too
+    prediction: StrictStr | Prediction | None = None
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

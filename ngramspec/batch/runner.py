@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..model import ContextOverflow
 from ..sampling import SamplingParams, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt
+from ..jobs.prediction import prediction_tokens
 from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Event, Job, Scheduler, output_budget
 from ..stats import calibration_line
@@ -148,11 +149,13 @@ class EngineRunner:
             raise ContextOverflow(len(tokens), self.n_ctx_slot)
         room = self.n_ctx_slot - len(tokens)
         want = self.defaults.n_predict if b.n_predict is None else b.n_predict
-        speculative, spec = self._speculation(b)
+        prediction = prediction_tokens(model, b.prediction)
+        speculative, spec = self._speculation(b, prediction is not None)
         n_predict, truncated = output_budget(want, room)
         job = Job(prompt=tokens, sampling=self._sampling(b), n_predict=n_predict,
                   speculative=speculative, spec=spec, stop=b.stop_list(), sink=lambda ev: None,
-                  truncate_at_length=truncated, cache_prompt=self.defaults.cache_prompt)
+                  truncate_at_length=truncated, cache_prompt=self.defaults.cache_prompt,
+                  prediction=prediction)
         job.sink = self._sink(run, events, job.id)
         return job
 
@@ -168,9 +171,10 @@ class EngineRunner:
         return replace(s, temperature=temperature, seed=seed, grammar=grammar,
                        **other_samplers(s, b, self.n_ctx_slot))
 
-    def _speculation(self, b) -> tuple[bool, SpecConfig | None]:
-        """(speculate?, the record's SpecConfig or None for the engine's) as the server does."""
+    def _speculation(self, b, prediction: bool) -> tuple[bool, SpecConfig | None]:
+        """(speculate?, the record's SpecConfig or None for the engine's) as the server does:
+        a record's prediction drafts even where its spec types are off."""
         base = cfg = self.engine.spec
         if b.speculative is not None:
             cfg = b.speculative.apply(base, self.engine.draft_drafter is not None)
-        return self.engine.speculates(cfg), (None if cfg == base else cfg)
+        return self.engine.speculates(cfg, True, prediction), (None if cfg == base else cfg)

@@ -4,9 +4,12 @@ A request may send the text it expects the answer to be close to (a file to
 edit, the previous version of a document). While the output follows the
 prediction, the drafter proposes the prediction's next tokens; after the output
 leaves it (an edit), it re-aligns on the last `n_key` output tokens: the
-continuation after their latest occurrence in the prediction at or after the
-current alignment, else anywhere. Given the exact output as prediction, it is
-the oracle drafter of the benchmarks.
+continuation after their first occurrence in the prediction at or after the
+current alignment (the prediction's next match), else their last one anywhere.
+An output that left the prediction before it had `n_key` tokens is not re-aligned
+until it has them (a shorter key matches almost anywhere: a wrong prediction would
+draft from chance matches). Given the exact output as prediction, it is the oracle
+drafter of the benchmarks.
 
 One instance serves one sequence (it holds that request's prediction). As every
 drafter, it only proposes: the target verifies every token.
@@ -34,13 +37,11 @@ class PredictionDrafter:
         """Index in pred of the token expected after `out`, or None."""
         if len(out) <= len(self.pred) and np.array_equal(self.pred[:len(out)], out):
             return len(out)  # still on the prediction
-        k = min(self.n_key, len(out))
-        if k == 0:
-            return 0
-        key = out[-k:]
+        k = self.n_key
         P = self.pred
-        if len(P) < k:
+        if len(out) < k or len(P) < k:
             return None
+        key = out[-k:]
         win = np.lib.stride_tricks.sliding_window_view(P, k)
         hits = np.flatnonzero((win == key).all(axis=1))
         if not len(hits):

@@ -24,6 +24,7 @@ from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
+from ..jobs.prediction import prediction_tokens
 from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Job, output_budget
 from .state import ServerState
@@ -160,17 +161,6 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
         raise ConfigError("the prompt is empty")
     return tokens, model.detokenize(tokens)
 
-def _prediction(state: ServerState, req: _Generation) -> np.ndarray | None:
-    """The request's predicted output as token ids (no BOS), or None."""
-    p = req.prediction
-    if p is None:
-        return None
-    c = p.content
-    if isinstance(c, list) and c and isinstance(c[0], int):
-        return check_tokens(state, c)
-    text = c if isinstance(c, str) else "".join(part.text or "" for part in c)
-    return state.engine.model.tokenize(text, add_special=False, parse_special=False)
-
 def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.ndarray,
             prompt_text: str, n_predict: int | None) -> Prepared:
     n = len(tokens)
@@ -191,7 +181,7 @@ def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.n
               context_shift=shift, speculative=speculative, spec=spec, stop=req.stop_list(),
               cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
               else req.cache_prompt,
-              prediction=_prediction(state, req), sink=_no_sink,
+              prediction=prediction_tokens(state.engine.model, req.prediction), sink=_no_sink,
               return_progress=req.return_progress and req.stream)
     return Prepared(job, prompt_text, req.timings_per_token)
 

@@ -86,9 +86,15 @@ def usage(results: list[GenerationResponse], n: int = 1) -> dict:
     firsts = results[::n]
     prompt = sum(r.prompt_tokens for r in firsts)
     completion = sum(r.generation_tokens for r in results)
-    return {"completion_tokens": completion, "prompt_tokens": prompt,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in firsts)}}
+    out = {"completion_tokens": completion, "prompt_tokens": prompt,
+           "total_tokens": prompt + completion,
+           "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in firsts)}}
+    preds = [r.prediction for r in results if r.prediction is not None]
+    if preds:  # OpenAI's predicted outputs: the prediction's drafted tokens, verified
+        out["completion_tokens_details"] = {
+            "accepted_prediction_tokens": sum(a for _, a in preds),
+            "rejected_prediction_tokens": sum(n - a for n, a in preds)}
+    return out
 
 
 def native_partial(index: int, r: GenerationResponse, n_prompt: int, slot_id: int,

@@ -1,0 +1,152 @@
+"""A pipeline re-run with the earlier run's results as predictions (issue 45).
+
+    .venv/bin/python scripts/rerun_bench.py [-np 4] [-n 160] [-t 2] [--reps 2] [--split eval]
+
+12 held-out documents (corpus.py: 6 classes to rename, 6 docstrings to summarise)
+run once through `ngramspec batch`. Each is then edited slightly (one non-blank line
+removed from its middle) and the edited set runs, reps times interleaved:
+
+- cold:        auto speculation, no --previous;
+- previous:    auto, --previous = the first run's results;
+- off / off+wrong / auto+wrong: spec-off and auto, without and with a prediction
+  that is wrong from its first token (another document's earlier text);
+- seeded, seeded+previous: temperature 0.7 with a fixed seed per record.
+
+Each batch is its own process, one at a time (2 cores: never two model processes).
+It prints the texts' agreement, summed `predicted_ms` (generation) and the
+summary's wall time (prompts included, model loading excluded), the best of reps,
+and the ratios the issue asks for. --json-out keeps every figure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ngramspec.corpus import documents, interleave
+from ngramspec.doctor import measured_on, measured_on_line
+
+
+def edited(prompt: str) -> str:
+    """The prompt with the non-blank line nearest its middle removed."""
+    lines = prompt.splitlines(keepends=True)
+    mid = len(lines) // 2
+    for i in sorted(range(len(lines)), key=lambda j: abs(j - mid)):
+        if lines[i].strip():
+            return "".join(lines[:i] + lines[i + 1:])
+    raise ValueError("a document with no text")
+
+
+def write(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def run_batch(work: Path, name: str, inp: Path, args, extra: list[str]) -> dict:
+    """One `ngramspec batch` process: {texts, gen_ms, wall, prediction counts}."""
+    out, summ = work / f"{name}.jsonl", work / f"{name}.summary.json"
+    for p in (out, summ):
+        p.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "ngramspec", "batch", str(inp), "-o", str(out), "-np",
+           str(args.parallel), "-n", str(args.n_predict), "-t", str(args.threads),
+           "--summary-json", str(summ), *extra]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    s = json.loads(summ.read_text())
+    return {"texts": {x["id"]: x["text"] for x in lines},
+            "gen_ms": sum(x["timings"]["predicted_ms"] for x in lines),
+            "wall": s["wall"], "accepted": s["prediction_accepted"],
+            "rejected": s["prediction_rejected"], "drafted": s["drafted"],
+            "failed": s["failed"], "path": str(out)}
+
+
+def wrong_previous(work: Path, first: dict) -> Path:
+    """Each id gets the earlier text of another document whose text starts differently
+    (so the prediction is wrong from its first token)."""
+    ids = list(first["texts"])
+    lines = []
+    for k, rid in enumerate(ids):
+        own = first["texts"][rid]
+        other = next(first["texts"][ids[(k + j) % len(ids)]] for j in range(1, len(ids))
+                     if first["texts"][ids[(k + j) % len(ids)]][:1] != own[:1])
+        lines.append({"id": rid, "line": k + 1, "text": other, "finish_reason": "length",
+                      "timings": {}})
+    return write(work / "wrong.jsonl", lines)
+
+
+def best(runs: list[dict]) -> dict:
+    """The rep with the shortest wall time (`same` compares every rep's texts)."""
+    return min(runs, key=lambda r: r["wall"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-np", "--parallel", type=int, default=4)
+    ap.add_argument("-n", "--n-predict", type=int, default=160)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--split", default="eval")
+    ap.add_argument("--json-out", default=None)
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="rerun-"))
+    docs = interleave(documents(6, 0, 0, args.split) + documents(0, 6, 0, args.split))
+    v1 = write(work / "v1.jsonl", [{"id": d.id, "prompt": d.prompt} for d in docs])
+    v2 = write(work / "v2.jsonl", [{"id": d.id, "prompt": edited(d.prompt)} for d in docs])
+    seeded = write(work / "v2-seeded.jsonl", [{"id": d.id, "prompt": edited(d.prompt),
+                                               "temperature": 0.7, "seed": 1000 + i}
+                                              for i, d in enumerate(docs)])
+    first = run_batch(work, "first", v1, args, [])
+    prev = ["--previous", first["path"]]
+    wrong = ["--previous", str(wrong_previous(work, first))]
+    off = ["--spec-type", "none"]
+    modes = {"cold": (v2, []), "previous": (v2, prev), "off": (v2, off),
+             "off+wrong": (v2, off + wrong), "auto+wrong": (v2, wrong),
+             "seeded": (seeded, []), "seeded+previous": (seeded, prev)}
+    runs: dict[str, list[dict]] = {m: [] for m in modes}
+    for rep in range(args.reps):
+        for m, (inp, extra) in modes.items():
+            if m.startswith("seeded") and rep:
+                continue  # one rep: only the texts are compared
+            runs[m].append(run_batch(work, f"{m}-{rep}", inp, args, extra))
+    report(args, runs)
+
+
+def report(args, runs: dict[str, list[dict]]) -> None:
+    b = {m: best(r) for m, r in runs.items()}
+    ref = b["cold"]["texts"]
+
+    def same(m: str) -> str:
+        n = sum(all(r["texts"].get(i) == t for r in runs[m]) for i, t in ref.items())
+        return f"{n}/{len(ref)}"
+
+    print(measured_on_line(measured_on()))
+    print(f"-np {args.parallel}, "
+          f"-n {args.n_predict}, -t {args.threads}, best of {args.reps} reps (wall)")
+    print(f"{'mode':<16}{'gen s':>8}{'wall s':>8}{'drafted':>9}{'pred acc':>9}{'pred rej':>9}"
+          f"{'same text as cold':>19}")
+    for m, r in b.items():
+        other = same(m) if not m.startswith("seeded") else "-"
+        print(f"{m:<16}{r['gen_ms'] / 1e3:>8.2f}{r['wall']:>8.2f}{r['drafted']:>9}"
+              f"{r['accepted']:>9}{r['rejected']:>9}{other:>19}")
+    s1, s2 = b["seeded"]["texts"], b["seeded+previous"]["texts"]
+    print(f"previous vs cold: generation {b['cold']['gen_ms'] / b['previous']['gen_ms']:.2f}x "
+          f"faster, wall {b['cold']['wall'] / b['previous']['wall']:.2f}x shorter")
+    print(f"a prediction wrong from its first token: spec-off "
+          f"{b['off+wrong']['wall'] / b['off']['wall'] - 1:+.1%} wall, "
+          f"{b['off+wrong']['gen_ms'] / b['off']['gen_ms'] - 1:+.1%} generation; auto "
+          f"{b['auto+wrong']['wall'] / b['cold']['wall'] - 1:+.1%} wall, "
+          f"{b['auto+wrong']['gen_ms'] / b['cold']['gen_ms'] - 1:+.1%} generation")
+    print(f"seeded (temperature 0.7): with --previous the same text "
+          f"{sum(s1[i] == s2.get(i) for i in s1)}/{len(s1)}")
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps({m: [{k: v for k, v in r.items()}
+                                                        for r in rs] for m, rs in runs.items()},
+                                                  indent=1))
+
+
+if __name__ == "__main__":
+    main()
