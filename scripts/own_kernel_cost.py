@@ -2,14 +2,15 @@
 """ngramspec's graph-node kernels (ngramspec/kernels/attention.py, matmul.py): what one costs
 against llama.cpp's own, and whether a row's values stay independent of its batch.
 
-    .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul] [gen] [prompt]
+    .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul|kquant] [gen] [prompt]
     NGRAMSPEC_KERNEL_VARIANT=avx2 .venv/bin/python scripts/own_kernel_cost.py --kernel matmul gen
 
 The engine's kernels (`ngramspec/kernels/native/attention.c`, `matmul.c`, installed into every
 batch-invariant context) turn every node they support into a GGML_OP_CUSTOM node before
 ggml computes the graph, or leave it to llama.cpp while their hook's `enabled` is 0, so
 one kernel is alternated with llama.cpp's on the same context and the same KV cells
-(the other kernel stays on):
+(the other kernel stays on; `kquant`: the matmul kernel's Q4_K / Q6_K nodes alone, its
+Q5_0 nodes ours either way):
 - gen: a batch-invariant context as the engine's main one (not repacked, reference
   attention path, our output layer off), 1 and 8 streams of 1,500 cells; a row's
   logits alone, among 16 rows and beside other streams (bit-identical?), ours against
@@ -39,19 +40,30 @@ from ngramspec.pipeline_bench import long_text  # noqa: E402
 from output_layer_cost import make_context, median_ms  # noqa: E402
 
 
-KERNEL = "attention"  # the Context attribute of the hook toggled (--kernel)
+KERNEL = "attention"  # the kernel measured (--kernel): attention, matmul or kquant
 
 
 def kernel_hook(ctx) -> C.Structure:
-    """The context's hook of the kernel measured, whose `enabled` toggles it; exits where
-    this machine cannot run the kernel."""
-    if getattr(ctx, KERNEL) is None:
-        sys.exit(f"the {KERNEL} kernel is not available here (`ngramspec doctor` says why)")
+    """The context's hook of the kernel measured (`set_on` toggles it); exits where this
+    machine cannot run the kernel."""
+    attr = "matmul" if KERNEL == "kquant" else KERNEL
+    if getattr(ctx, attr) is None:
+        sys.exit(f"the {attr} kernel is not available here (`ngramspec doctor` says why)")
     from ngramspec.kernels import variant_of
 
-    print(f"# {KERNEL}: the {variant_of(getattr(ctx, KERNEL).lib)} variant "
+    print(f"# {KERNEL}: the {variant_of(getattr(ctx, attr).lib)} variant "
           f"(NGRAMSPEC_KERNEL_VARIANT picks one)", flush=True)
-    return getattr(ctx, KERNEL).hook
+    return getattr(ctx, attr).hook
+
+
+def set_on(hook: C.Structure, on: int) -> None:
+    """The measured kernel on (1) or llama.cpp's (0); the C hooks read it live."""
+    if KERNEL == "kquant":
+        from ngramspec.kernels.matmul import GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
+
+        hook.type_q4_k, hook.type_q6_k = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K) if on else (-1, -1)
+    else:
+        hook.enabled = on
 
 
 def gen(model: Model, n_seq: int, shapes, cells: int = 1500) -> tuple[int, int]:
@@ -63,7 +75,7 @@ def gen(model: Model, n_seq: int, shapes, cells: int = 1500) -> tuple[int, int]:
             ctx.decode([(s, toks[s * 30 + a:s * 30 + min(a + 63, cells)], a, False)])
 
     def logits(entries, on):
-        hook.enabled = on
+        set_on(hook, on)
         for s, _, p0, _ in entries:
             ctx.truncate(s, p0)
         rows = ctx.decode(entries)
@@ -93,7 +105,7 @@ def gen(model: Model, n_seq: int, shapes, cells: int = 1500) -> tuple[int, int]:
         a, b = statistics.median(res[1]), statistics.median(res[0])
         print(f"decode {len(shape)} x {shape[0][1]} at {cells} cells: ours {a:.1f} ms, "
               f"llama.cpp {b:.1f} ms ({a / b:.2f})", flush=True)
-    hook.enabled = 1
+    set_on(hook, 1)
     ctx.close()
     return hook.n_done, hook.n_declined
 
@@ -106,7 +118,7 @@ def prompt(path: str) -> tuple[int, int]:
     hook = kernel_hook(ctx)
 
     def prefill(chunk: int, on: int) -> bytes:
-        hook.enabled = on
+        set_on(hook, on)
         ctx.truncate(0, 0)
         for a in range(0, len(toks), chunk):
             part = toks[a:a + chunk]
@@ -124,7 +136,7 @@ def prompt(path: str) -> tuple[int, int]:
     a, b = statistics.median(res[1]), statistics.median(res[0])
     print(f"prompt of {len(toks)} tokens: ours {len(toks) / a:.0f} tok/s, llama.cpp "
           f"{len(toks) / b:.0f} tok/s ({b / a:.2f}x; seconds ours {res[1]}, llama.cpp {res[0]})")
-    hook.enabled = 1
+    set_on(hook, 1)
     ctx.close()
     return hook.n_done, hook.n_declined
 
@@ -132,7 +144,7 @@ def prompt(path: str) -> tuple[int, int]:
 def main() -> None:
     global KERNEL
     ap = argparse.ArgumentParser()
-    ap.add_argument("--kernel", choices=("attention", "matmul"), default="attention")
+    ap.add_argument("--kernel", choices=("attention", "matmul", "kquant"), default="attention")
     ap.add_argument("what", nargs="*", choices=("gen", "prompt"))
     args = ap.parse_args()
     KERNEL, what = args.kernel, set(args.what) or {"gen", "prompt"}

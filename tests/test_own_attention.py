@@ -165,3 +165,25 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
         assert (alone[0] == out[3]).all()
     finally:
         hook.close()
+
+
+def test_its_self_test_passes_and_a_failing_one_names_why():
+    """The start-up self-test (grouping invariance and a float64 reference, in C) passes on
+    this CPU; a library whose self-test fails is never used, with the reason."""
+    from ngramspec.kernels import build, kernel
+
+    lib = require(own_attention.KERNEL)
+    assert lib.ngs_attn_selftest() == 0 and own_attention.selftest(lib) is None
+
+    class Broken:
+        def __init__(self, real):
+            self._real = real
+
+        def __getattr__(self, name):
+            if name == "ngs_attn_selftest":
+                f = lambda: 1  # noqa: E731
+                return f
+            return getattr(self._real, name)
+
+    broken = Broken(lib)
+    assert "change with the rows and heads" in own_attention.selftest(broken)

@@ -1,5 +1,5 @@
-"""Our Q5_0 matmul (kernels/matmul.py, kernels/native/matmul.c): bit-identical to llama.cpp's
-vec_dot_q5_0_q8_0 on pseudo-random blocks (the start-up check) and on a node that ggml
+"""Our Q5_0 / Q4_K / Q6_K matmul (kernels/matmul.py, kernels/native/matmul.c): bit-identical
+to llama.cpp's vec_dot on pseudo-random blocks (the start-up check) and on a node that ggml
 builds from hand-written arrays, within float32 rounding of float64; on the real model
 it takes every Q5_0 matmul of 2+ columns and the logits equal llama.cpp's bit for bit
 (16 rows, 100 rows, a lone row left to llama.cpp); a node without scratch memory fails
@@ -138,6 +138,26 @@ def test_every_q5_0_matmul_of_two_or_more_columns_is_ours_and_equals_llama_cpps(
         assert h.n_declined - declined == taken and h.n_done - done == taken
         assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32))
                    for a, b in zip(ours, theirs))
+
+
+@pytest.mark.model
+def test_q4_k_and_q6_k_matmuls_are_ours_and_equal_llama_cpps(ctx):
+    """attn_output (Q4_K) and ffn_down (Q4_K / Q6_K) of every layer are taken too; left to
+    llama.cpp (the K-quant switch, read live by the C hook) the logits are the same bits."""
+    c, toks = ctx
+    h = c.matmul
+    entries = [(0, toks[300:316], 300, True), (1, toks[400:405], 300, True)]
+    done = h.n_done
+    ours = _logits(c, entries)
+    taken = h.n_done - done
+    h.hook.type_q4_k = h.hook.type_q6_k = -1
+    try:
+        done = h.n_done
+        theirs = _logits(c, entries)
+        assert taken - (h.n_done - done) == 2 * 18  # Gemma 3 270M: 18 layers
+    finally:
+        h.hook.type_q4_k, h.hook.type_q6_k = own_matmul.GGML_TYPE_Q4_K, own_matmul.GGML_TYPE_Q6_K
+    assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(ours, theirs))
 
 
 @pytest.mark.model

@@ -45,6 +45,18 @@ class _AttnHook(C.Structure):
                 ("next_user", C.c_void_p), ("work", C.c_void_p), ("work_floats", C.c_int64)]
 
 
+SELFTEST_FAILURES = {1: "a row's values change with the rows and heads computed beside it",
+                     2: "its values are not softmax attention's (a double-precision reference)",
+                     -1: "no memory for its self-test"}
+
+
+def selftest(lib: C.CDLL) -> str | None:
+    """Why the kernel's own arithmetic does not hold on this CPU and build (its values are
+    by design not llama.cpp's: a row's are the same whatever its batch), or None."""
+    code = lib.ngs_attn_selftest()
+    return None if code == 0 else f"self-test: {SELFTEST_FAILURES.get(code, code)}"
+
+
 class Hook(NodeHook):
     """A context's attention callback (node_hook.NodeHook)."""
 
@@ -64,5 +76,6 @@ class Hook(NodeHook):
 
 #: its values differ from llama.cpp's (a row's whatever its batch): part of the cell mode
 KERNEL = Kernel(name="attention", source="attention", env="NGRAMSPEC_OWN_ATTENTION",
-                hook_struct=_AttnHook, functions={"ngs_attn_free": (None, [C.c_void_p])},
-                create=Hook.create, same_values=False)
+                hook_struct=_AttnHook, functions={"ngs_attn_free": (None, [C.c_void_p]),
+                                                  "ngs_attn_selftest": (C.c_int, [])},
+                create=Hook.create, same_values=False, selftest=selftest)

@@ -129,7 +129,7 @@ def _build_private(name: str, variant: str) -> Built:
 
 def _compile(name: str, variant: str, out: Path) -> str | None:
     """Run the compiler; None when it made `out`, else its message (stderr and stdout)."""
-    cmd = [compiler(), *flags(variant), "-o", str(out), str(SOURCES / f"{name}.c")]
+    cmd = [compiler(), *flags(variant), "-o", str(out), str(SOURCES / f"{name}.c"), "-lm"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kquant.h"
 #include "node.h"
 #include "q8_dot.h"
 
@@ -39,6 +40,7 @@ typedef struct {
     node_offsets_t off;    /* of struct ggml_tensor */
     int64_t extra_off;
     int32_t op_mul_mat, op_custom, type_f32, type_q5_0;
+    int32_t type_q4_k, type_q6_k;  /* -1: that type stays llama.cpp's */
     int32_t nth;
     int32_t enabled;
     int32_t oom;           /* a node's scratch could not be had: the graph computed nothing there */
@@ -48,6 +50,7 @@ typedef struct {
     eval_cb_t next;        /* a chained callback for every other node (or NULL) */
     void *next_user;
     from_float_t quantize; /* the CPU backend's Q8_0 quantizer (ggml's mul_mat uses it) */
+    from_float_t quantize_k; /* its Q8_K quantizer (the K-quants' columns) */
     void *work;            /* nth scratch buffers of work_bytes each (node.h) */
     int64_t work_bytes;
 } mm_hook_t;
@@ -78,8 +81,11 @@ static inline void unpack_q5_0(const block_q5_0 *x, block_q8 *out) {
 
 static inline int64_t up(int64_t n) { return (n + ALIGN - 1) & ~(int64_t)(ALIGN - 1); }
 
-/* Scratch bytes one thread needs for M columns of K values. */
-static int64_t work_needed(int64_t K, int64_t M) {
+/* Scratch bytes one thread needs for M columns of K values (kq: against a K-quant). */
+static int64_t work_needed(int64_t K, int64_t M, bool kq) {
+    if (kq)
+        return up(M * (K / QK_K) * (int64_t)sizeof(block_q8_K)) + up(M * (int64_t)sizeof(float *))
+               + up(kq_pairs_bytes((int)M, (int)(K / QK_K)));
     const int64_t nb = K / 32;
     return up(cols_bytes((int)M, (int)nb)) + up(TR * nb * (int64_t)sizeof(block_q8)) +
            up(M * (int64_t)sizeof(float *));
@@ -110,25 +116,61 @@ static void mm_compute(const char *w, size_t row_bytes, int64_t N, int64_t K, co
     }
 }
 
+/* mm_compute for a Q4_K (q6 = 0) or Q6_K (q6 = 1) matrix: each thread quantizes every
+ * column to Q8_K itself and computes its share of the rows (kquant.h). */
+static void kq_compute(int q6, const char *w, size_t row_bytes, int64_t N, int64_t K,
+                       const char *x, size_t x_stride, int64_t M, char *dst, size_t dst_stride,
+                       from_float_t quantize_k, char *work, int ith, int nth) {
+    const int nb = (int)(K / QK_K);
+    kcols_t cols = {(int)M, nb, (block_q8_K *)work, NULL};
+    float **out = (float **)(work + up(M * nb * (int64_t)sizeof(block_q8_K)));
+    if (kq_pairs_bytes((int)M, nb)) cols.pairs = (char *)out + up(M * (int64_t)sizeof(float *));
+    const int64_t r0 = N * ith / nth, r1 = N * (ith + 1) / nth;
+    if (r0 == r1) return;
+    for (int64_t c = 0; c < M; ++c) {
+        quantize_k((const float *)(x + c * x_stride), cols.y + c * nb, K);
+        out[c] = (float *)(dst + c * dst_stride);
+    }
+    kq_prepare_pairs(&cols);
+    kq_rows_x_all_cols(q6, w, row_bytes, r0, r1, &cols, out);
+}
+
+/* 1: the weight type is one this hook computes (Q5_0, and Q4_K / Q6_K when on). */
+static bool ours(const mm_hook_t *u, int type) {
+    return type == u->type_q5_0 || (type >= 0 && (type == u->type_q4_k || type == u->type_q6_k));
+}
+
+/* Bytes of one row of K values of `type` (0: not ours). */
+static size_t row_size(const mm_hook_t *u, int type, int64_t K) {
+    if (type == u->type_q5_0) return K % 32 ? 0 : (size_t)(K / 32) * sizeof(block_q5_0);
+    if (K % QK_K) return 0;
+    if (type == u->type_q4_k) return (size_t)(K / QK_K) * sizeof(block_q4_K);
+    if (type == u->type_q6_k) return (size_t)(K / QK_K) * sizeof(block_q6_K);
+    return 0;
+}
+
 void ngs_mm_node(void *t, int ith, int nth, void *user);
 
 static bool supported(const mm_hook_t *u, const void *t) {
     const void *wt = src_of(&u->off, t, 0), *xt = src_of(&u->off, t, 1);
     if (!wt || !xt || src_of(&u->off, t, 2)) return false;
     const tview_t w = view_of(&u->off, wt), x = view_of(&u->off, xt), d = view_of(&u->off, t);
-    if (w.type != u->type_q5_0 || x.type != u->type_f32 || d.type != u->type_f32) return false;
+    if (!ours(u, w.type) || x.type != u->type_f32 || d.type != u->type_f32) return false;
+    if (w.type != u->type_q5_0 && !u->quantize_k) return false;
     if (*(void *const *)((const char *)wt + u->extra_off) != NULL) return false;  /* repacked */
     const int64_t K = w.ne[0], N = w.ne[1], M = x.ne[1];
-    if (K % 32 || x.ne[0] != K || d.ne[0] != N || d.ne[1] != M || M < u->min_cols) return false;
+    const size_t rb = row_size(u, w.type, K);
+    if (!rb || x.ne[0] != K || d.ne[0] != N || d.ne[1] != M || M < u->min_cols) return false;
     if (w.ne[2] * w.ne[3] * x.ne[2] * x.ne[3] * d.ne[2] * d.ne[3] != 1) return false;
-    if (w.nb[0] != sizeof(block_q5_0) || w.nb[1] != (size_t)(K / 32) * sizeof(block_q5_0)) return false;
+    if (w.nb[1] != rb || (w.type == u->type_q5_0 && w.nb[0] != sizeof(block_q5_0))) return false;
     return x.nb[0] == 4 && d.nb[0] == 4 && w.data && x.data && d.data;
 }
 
 /* Scratch for node t, grown before the node is taken over (false: none to be had). */
 static bool reserve(mm_hook_t *u, const void *t) {
-    const tview_t x = view_of(&u->off, src_of(&u->off, t, 1));
-    return grow_scratch(&u->work, &u->work_bytes, work_needed(x.ne[0], x.ne[1]), 1, u->nth);
+    const tview_t w = view_of(&u->off, src_of(&u->off, t, 0)), x = view_of(&u->off, src_of(&u->off, t, 1));
+    return grow_scratch(&u->work, &u->work_bytes,
+                        work_needed(x.ne[0], x.ne[1], w.type != u->type_q5_0), 1, u->nth);
 }
 
 void ngs_mm_free(mm_hook_t *u) {
@@ -141,8 +183,13 @@ void ngs_mm_node(void *t, int ith, int nth, void *user) {
     if (u->oom || ith >= n) return;  /* oom: Python raises after the decode (Hook.check) */
     const tview_t w = view_of(&u->off, src_of(&u->off, t, 0));
     const tview_t x = view_of(&u->off, src_of(&u->off, t, 1)), d = view_of(&u->off, t);
-    mm_compute(w.data, w.nb[1], w.ne[1], w.ne[0], x.data, x.nb[1], x.ne[1], d.data, d.nb[1],
-               u->quantize, (char *)u->work + (int64_t)ith * u->work_bytes, ith, n);
+    char *work = (char *)u->work + (int64_t)ith * u->work_bytes;
+    if (w.type == u->type_q5_0)
+        mm_compute(w.data, w.nb[1], w.ne[1], w.ne[0], x.data, x.nb[1], x.ne[1], d.data, d.nb[1],
+                   u->quantize, work, ith, n);
+    else
+        kq_compute(w.type == u->type_q6_k, w.data, w.nb[1], w.ne[1], w.ne[0], x.data, x.nb[1],
+                   x.ne[1], d.data, d.nb[1], u->quantize_k, work, ith, n);
 }
 
 /* llama.cpp's cb_eval. Asked about each node before it is computed: makes each MUL_MAT
@@ -161,7 +208,7 @@ bool ngs_mm_cb(void *t, bool ask, void *user) {
             } else {
                 if (mine) give_back(&u->off, t, u->op_mul_mat);
                 const tview_t w = view_of(&u->off, src_of(&u->off, t, 0));
-                u->n_declined += w.type == u->type_q5_0;
+                u->n_declined += ours(u, w.type);
             }
         }
     }
@@ -178,7 +225,7 @@ int ngs_mm_selftest(from_float_t quantize, vec_dot_t vec_dot) {
     block_q5_0 *w = malloc(sizeof(block_q5_0) * N * NB);
     float *x = malloc(sizeof(float) * M * K), *ours = malloc(sizeof(float) * M * N);
     block_q8 *yq = malloc(sizeof(block_q8) * NB);
-    char *work = aligned_alloc(ALIGN, (size_t)work_needed(K, M));
+    char *work = aligned_alloc(ALIGN, (size_t)work_needed(K, M, false));
     int bad = -1;
     if (!w || !x || !ours || !yq || !work) goto done;
     uint64_t s = 0x9E3779B97F4A7C15ULL;
@@ -210,5 +257,57 @@ int ngs_mm_selftest(from_float_t quantize, vec_dot_t vec_dot) {
 #undef NEXT
 done:
     free(w); free(x); free(ours); free(yq); free(work);
+    return bad;
+}
+
+/* The K-quant counterpart of ngs_mm_selftest: ggml's vec_dot of `type` (q6: Q6_K, else
+ * Q4_K; `vec_dot` of the library llama.cpp loaded, on columns its Q8_K `quantize`
+ * made) against kq_compute on pseudo-random super-blocks: 24 rows of 512 values times
+ * 1, 2, 3, 5, 8, 11 columns (values up to +-8, one outlier a column). Returns how many
+ * values differ in any bit; -1 without memory. */
+int ngs_mm_selftest_k(int q6, from_float_t quantize, vec_dot_t vec_dot) {
+    enum { N = 24, K = 512, M = 11, NB = K / QK_K };
+    static const int widths[] = {1, 2, 3, 5, 8, 11};
+    const size_t bsz = q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
+    unsigned char *w = malloc(bsz * N * NB);
+    float *x = malloc(sizeof(float) * M * K), *ours_ = malloc(sizeof(float) * M * N);
+    block_q8_K *yq = malloc(sizeof(block_q8_K) * NB);
+    char *work = aligned_alloc(ALIGN, (size_t)up(work_needed(K, M, true)));
+    int bad = -1;
+    if (!w || !x || !ours_ || !yq || !work) goto done;
+    uint64_t s = 0xD1B54A32D192ED03ULL;
+#define NEXT() (s = s * 6364136223846793005ULL + 1442695040888963407ULL, (uint32_t)(s >> 33))
+    for (size_t i = 0; i < bsz * N * NB; ++i) w[i] = (unsigned char)NEXT();
+    for (int i = 0; i < N * NB; ++i) {  /* sane fp16 scales: 2^-12 .. 2^-3 */
+        const uint16_t d = _cvtss_sh((float)(NEXT() % 1000 + 1) / 1000.0f * 0.125f, 0);
+        const uint16_t dm = _cvtss_sh((float)(NEXT() % 1000 + 1) / 1000.0f * 0.0625f, 0);
+        if (q6) {
+            memcpy(w + i * bsz + offsetof(block_q6_K, d), &d, 2);
+        } else {
+            memcpy(w + i * bsz + offsetof(block_q4_K, d), &d, 2);
+            memcpy(w + i * bsz + offsetof(block_q4_K, dmin), &dm, 2);
+        }
+    }
+    for (int i = 0; i < M * K; ++i) x[i] = ((float)(NEXT() % 16001) - 8000.0f) / 1000.0f;
+    for (int c = 0; c < M; ++c) x[c * K + (c * 37) % K] = 200.0f + c;
+#undef NEXT
+    bad = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; ++wi) {
+        const int m = widths[wi];
+        memset(ours_, 0xFF, sizeof(float) * M * N);
+        for (int ith = 0; ith < 2; ++ith)
+            kq_compute(q6, (const char *)w, NB * bsz, N, K, (const char *)x, K * sizeof(float), m,
+                       (char *)ours_, N * sizeof(float), quantize, work, ith, 2);
+        for (int c = 0; c < m; ++c) {
+            quantize(x + c * K, yq, K);
+            for (int r = 0; r < N; ++r) {
+                float ref;
+                vec_dot(K, &ref, 0, w + (size_t)r * NB * bsz, 0, yq, 0, 1);
+                bad += memcmp(&ref, ours_ + c * N + r, sizeof ref) != 0;
+            }
+        }
+    }
+done:
+    free(w); free(x); free(ours_); free(yq); free(work);
     return bad;
 }
