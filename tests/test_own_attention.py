@@ -124,10 +124,8 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
     lib.ngs_attn_cb.restype = C.c_bool
     lib.ngs_attn_node.argtypes = [C.c_void_p, C.c_int, C.c_int, C.c_void_p]
 
-    class Init(C.Structure):
-        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
+    Init = native_lib._Init  # the argtypes ggml.py declared: one struct class per process
     base = libs[0]
-    base.ggml_init.restype, base.ggml_init.argtypes = C.c_void_p, [Init]
     base.ggml_free.argtypes = [C.c_void_p]
     rng = np.random.default_rng(7)
     H, HKV, D, cells, scale = 4, 2, 64, 70, 0.125

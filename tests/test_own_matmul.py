@@ -67,9 +67,7 @@ def test_a_node_matches_float64_on_hand_written_arrays():
     lib.ngs_mm_cb.restype = C.c_bool
     lib.ngs_mm_node.argtypes = [C.c_void_p, C.c_int, C.c_int, C.c_void_p]
 
-    class Init(C.Structure):
-        _fields_ = [("mem_size", C.c_size_t), ("mem_buffer", C.c_void_p), ("no_alloc", C.c_bool)]
-    base.ggml_init.restype, base.ggml_init.argtypes = C.c_void_p, [Init]
+    Init = native_lib._Init  # the argtypes ggml.py declared: one struct class per process
     base.ggml_free.argtypes = [C.c_void_p]
     base.ggml_new_tensor_2d.restype = C.c_void_p
     base.ggml_new_tensor_2d.argtypes = [C.c_void_p, C.c_int, C.c_int64, C.c_int64]
@@ -154,7 +152,8 @@ def test_q4_k_and_q6_k_matmuls_are_ours_and_equal_llama_cpps(ctx):
     try:
         done = h.n_done
         theirs = _logits(c, entries)
-        assert taken - (h.n_done - done) == 2 * 18  # Gemma 3 270M: 18 layers
+        kq = taken - (h.n_done - done)  # attn_output + ffn_down of 18 layers, per graph
+        assert kq > 0 and kq % (2 * 18) == 0
     finally:
         h.hook.type_q4_k, h.hook.type_q6_k = own_matmul.GGML_TYPE_Q4_K, own_matmul.GGML_TYPE_Q6_K
     assert all(np.array_equal(a.view(np.uint32), b.view(np.uint32)) for a, b in zip(ours, theirs))
