@@ -174,8 +174,10 @@ def measured_on() -> dict:
     from . import kernels
 
     states = kernels.states()
+    kq_off = os.environ.get("NGRAMSPEC_OWN_KQUANT") == "0"
     return {"cpu": cpu(), "kernels": ", ".join(
-        f"{n} {st['variant']}" if st["active"] else f"{n} off" for n, st in states.items())}
+        (f"{n} {st['variant']}" + (" (Q5_0 only)" if n == "matmul" and kq_off else ""))
+        if st["active"] else f"{n} off" for n, st in states.items())}
 
 
 def measured_on_line(where: dict) -> str:

@@ -10,7 +10,14 @@ removed from its middle) and the edited set runs, reps times interleaved:
 - previous:    auto, --previous = the first run's results;
 - off / off+wrong / auto+wrong: spec-off and auto, without and with a prediction
   that is wrong from its first token (another document's earlier text);
-- seeded, seeded+previous: temperature 0.7 with a fixed seed per record.
+- seeded, seeded+previous: temperature 0.7 with a fixed seed per record;
+- same, same+previous: the documents not edited (a nightly re-run where nothing
+  changed), without and with --previous;
+- oracle: the edited documents with the cold run's own texts as --previous (the exact
+  outputs: what no earlier run can beat, the bound for `previous`).
+
+How much the edit changed each output (the first run's text against the cold run's:
+common prefix, difflib ratio) is printed per document kind beside its generation time.
 
 Each batch is its own process, one at a time (2 cores: never two model processes).
 It prints the texts' agreement, summed `predicted_ms` (generation) and the
@@ -105,17 +112,41 @@ def main() -> None:
     off = ["--spec-type", "none"]
     modes = {"cold": (v2, []), "previous": (v2, prev), "off": (v2, off),
              "off+wrong": (v2, off + wrong), "auto+wrong": (v2, wrong),
-             "seeded": (seeded, []), "seeded+previous": (seeded, prev)}
+             "seeded": (seeded, []), "seeded+previous": (seeded, prev),
+             "same": (v1, []), "same+previous": (v1, prev), "oracle": (v2, None)}
     runs: dict[str, list[dict]] = {m: [] for m in modes}
     for rep in range(args.reps):
         for m, (inp, extra) in modes.items():
             if m.startswith("seeded") and rep:
                 continue  # one rep: only the texts are compared
+            if extra is None:  # the oracle: this rep's cold texts, exactly
+                extra = ["--previous", runs["cold"][-1]["path"]]
             runs[m].append(run_batch(work, f"{m}-{rep}", inp, args, extra))
-    report(args, runs)
+    report(args, runs, first)
 
 
-def report(args, runs: dict[str, list[dict]]) -> None:
+def per_kind(first: dict, b: dict) -> None:
+    """Per document kind: how far the edit moved the outputs, and generation seconds."""
+    import difflib
+
+    gen = {m: {x["id"]: x["timings"]["predicted_ms"] for x in map(
+        json.loads, Path(r["path"]).read_text().splitlines())} for m, r in b.items()}
+    for kind in ("edit", "summary"):
+        ids = [i for i in first["texts"] if i.startswith(kind)]
+        old, new = first["texts"], b["cold"]["texts"]
+        pref = [next((j for j, (x, y) in enumerate(zip(old[i], new[i])) if x != y),
+                     min(len(old[i]), len(new[i]))) for i in ids]
+        ratio = [difflib.SequenceMatcher(None, old[i], new[i], autojunk=False).ratio() for i in ids]
+        unchanged = sum(old[i] == new[i] for i in ids)
+        sums = {m: sum(gen[m][i] for i in ids) / 1e3 for m in ("cold", "previous", "same",
+                                                               "same+previous")}
+        print(f"{kind}: {unchanged}/{len(ids)} outputs unchanged by the edit; common prefix "
+              f"{sorted(pref)} chars; difflib ratio {min(ratio):.2f}-{max(ratio):.2f}; "
+              f"generation s cold {sums['cold']:.1f}, previous {sums['previous']:.1f}, "
+              f"same {sums['same']:.1f}, same+previous {sums['same+previous']:.1f}")
+
+
+def report(args, runs: dict[str, list[dict]], first: dict) -> None:
     b = {m: best(r) for m, r in runs.items()}
     ref = b["cold"]["texts"]
 
@@ -129,7 +160,7 @@ def report(args, runs: dict[str, list[dict]]) -> None:
     print(f"{'mode':<16}{'gen s':>8}{'wall s':>8}{'drafted':>9}{'pred acc':>9}{'pred rej':>9}"
           f"{'same text as cold':>19}")
     for m, r in b.items():
-        other = same(m) if not m.startswith("seeded") else "-"
+        other = same(m) if not m.startswith(("seeded", "same")) else "-"
         print(f"{m:<16}{r['gen_ms'] / 1e3:>8.2f}{r['wall']:>8.2f}{r['drafted']:>9}"
               f"{r['accepted']:>9}{r['rejected']:>9}{other:>19}")
     s1, s2 = b["seeded"]["texts"], b["seeded+previous"]["texts"]
@@ -140,6 +171,15 @@ def report(args, runs: dict[str, list[dict]]) -> None:
           f"{b['off+wrong']['gen_ms'] / b['off']['gen_ms'] - 1:+.1%} generation; auto "
           f"{b['auto+wrong']['wall'] / b['cold']['wall'] - 1:+.1%} wall, "
           f"{b['auto+wrong']['gen_ms'] / b['cold']['gen_ms'] - 1:+.1%} generation")
+    print(f"bound (the exact outputs as --previous): generation "
+          f"{b['cold']['gen_ms'] / b['oracle']['gen_ms']:.2f}x faster, wall "
+          f"{b['cold']['wall'] / b['oracle']['wall']:.2f}x shorter")
+    print(f"unchanged documents: previous vs cold: generation "
+          f"{b['same']['gen_ms'] / b['same+previous']['gen_ms']:.2f}x faster, wall "
+          f"{b['same']['wall'] / b['same+previous']['wall']:.2f}x shorter, the same text "
+          f"{sum(b['same+previous']['texts'].get(i) == t for i, t in b['same']['texts'].items())}"
+          f"/{len(b['same']['texts'])}")
+    per_kind(first, b)
     print(f"seeded (temperature 0.7): with --previous the same text "
           f"{sum(s1[i] == s2.get(i) for i in s1)}/{len(s1)}")
     if args.json_out:

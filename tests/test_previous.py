@@ -215,3 +215,29 @@ def test_server_reports_prediction_usage_and_keeps_the_text():
         assert r.status_code == 400 and "prediction token 1" in r.json()["error"]["message"]
     finally:
         sp.stop()
+
+
+@pytest.mark.model
+def test_the_command_drafts_from_previous_and_reports_it(tmp_path):
+    """`ngramspec batch --previous`: the earlier texts are read before the model loads,
+    drafted from (result lines and the summary count them), the texts unchanged."""
+    from ngramspec.cli import main
+
+    threads = os.environ.get("NGRAMSPEC_TEST_THREADS", "2")
+    flags = ["-np", "2", "-c", "2048", "-n", "48", "-t", threads, "--spec-type", "none"]
+    inp, first, second = tmp_path / "in.jsonl", tmp_path / "first.jsonl", tmp_path / "again.jsonl"
+    inp.write_text(json.dumps({"id": "acct", "prompt": ASK + DOC}) + "\n"
+                   + json.dumps({"id": "new", "prompt": "Name three colours:"}) + "\n")
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(first), *flags], obj={})
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(main, ["batch", str(inp), "-o", str(second), "--previous", str(first),
+                                  *flags], obj={})
+    assert r.exit_code == 0, r.output
+    assert "2 earlier texts from 1 --previous file(s)" in r.output
+    assert "prediction tokens accepted / rejected" in r.output
+    a = {x["id"]: x for x in map(json.loads, first.read_text().splitlines())}
+    b = {x["id"]: x for x in map(json.loads, second.read_text().splitlines())}
+    assert all(a[k]["text"] == b[k]["text"] for k in a)
+    t = b["acct"]["timings"]  # spec types off: every drafted token is the prediction's
+    assert t["prediction_n_accepted"] == t["draft_n_accepted"] > 0
+    assert t["prediction_n_accepted"] + t["prediction_n_rejected"] == t["draft_n"]

@@ -44,17 +44,17 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
     record to OUTPUT.
 
     A record is {"id", "prompt"} or {"id", "messages"}, with optional n_predict,
-    temperature, seed, stop, grammar/json_schema, speculative and the other samplers
-    (dry_*, xtc_*, typical_p, mirostat*, ...; as in the server's
-    requests), and prediction (the output expected; --previous gives each record the
-    text an earlier run gave its id). A result line has id, line, text,
-    finish_reason, llama.cpp's timings and, if the record failed, error {type, message}. Killed and re-run, the job
+    temperature, seed, stop, grammar/json_schema, speculative, prediction (the output
+    expected; --previous: the text an earlier run gave its id) and the other samplers
+    (dry_*, xtc_*, typical_p, mirostat*, ...; as in the server's requests). A result
+    line has id, line, text, finish_reason, llama.cpp's timings and, if the record
+    failed, error {type, message}. Killed and re-run, the job
     goes on where it stopped. Exit status 1 if any record failed. Greedy (--temp 0)
     by default, so a re-run gives the same text. -c is shared by the -np slots.
     """
     from .job import count_records, run_job
     from .output import OutputFile
-    from .previous import load_previous, with_previous
+    from .previous import with_previous
     from .progress import Progress, Tally, summary_table
     from .runner import Defaults
 
@@ -75,10 +75,7 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
                 defaults=defaults)
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
-    texts = load_previous(previous_paths)
-    if previous_paths:
-        err_console.print(f"batch: {len(texts)} earlier texts from {len(previous_paths)} "
-                          "--previous file(s) will draft first", highlight=False)
+    texts = _previous(previous_paths)
     tally = Tally(total=None if input_path == "-" else count_records(input_path))
     backend = _backend(load, ray_address, actors, chunk_size)
     try:
@@ -99,6 +96,17 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
         Path(summary_json).write_text(json.dumps(tally.as_dict(speed), indent=1))
     if tally.any_failed:
         ctx.exit(1)
+
+
+def _previous(paths: tuple[str, ...]) -> dict[str, str]:
+    """The earlier texts of --previous FILE... (read before the model loads), said once."""
+    from .previous import load_previous
+
+    texts = load_previous(paths)
+    if paths:
+        err_console.print(f"batch: {len(texts)} earlier texts from {len(paths)} --previous "
+                          "file(s) will draft first", highlight=False)
+    return texts
 
 
 def _open_input(path: str):
