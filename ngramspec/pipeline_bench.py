@@ -15,7 +15,10 @@ Only one server runs at a time: two llama.cpp processes on the same cores slow e
 other down 10-50x. With `rounds` > 1 every row runs that many times, interleaved
 (forward, backward, forward, ...: ours and llama-server's rows alternate, so a drift of
 the host's speed meets both alike); every server stays loaded and all but the one being
-timed are stopped (SIGSTOP), and the report shows each row's median round.
+timed are stopped (SIGSTOP), and the report shows each row's median round. Every row that
+drafts from n-gram pools runs in a process of its own, started for that row and round: a
+server's pools outlive its requests (llama-server's ngram-mod, ours), and the rows send
+the same documents, so a shared process would draft from an earlier row's outputs.
 """
 from __future__ import annotations
 
@@ -154,8 +157,10 @@ def mode_body(mode: str) -> dict:
 @dataclass(frozen=True)
 class Row:
     """One timed configuration: `server` in `mode` ("prompt": the prompt checks),
-    served by the process named `process` ("ngramspec" serves every ngramspec mode;
-    "llama-server:TYPE" is one llama-server started with that spec type)."""
+    served by the process named `process`: "ngramspec" (spec-off, prefill, oracle and
+    prompt rows) and "llama-server:none", or, for a row that drafts from n-gram pools,
+    "ngramspec#MODE@ROUND" / "llama-server:TYPE@ROUND", a process of its own (`starter`
+    names what starts it)."""
 
     server: str
     mode: str
@@ -169,19 +174,28 @@ def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_
     n_predict 1), then the oracle (it needs round 0's "off"), then the prompt checks;
     later rounds run the same rows backward, forward, ... `peer_types` None: no
     llama-server."""
-    modes = [*own_modes[:1], "prefill", *own_modes[1:]]
-    ours = [Row("ngramspec", m, "ngramspec") for m in modes]
-    peers = [Row("llama-server", "off" if t == "none" else t, f"llama-server:{t}")
-             for t in (["none", *peer_types] if peer_types is not None else [])]
-    if peers:
-        peers.insert(1, Row("llama-server", "prefill", "llama-server:none"))
-    order = [r for pair in zip_longest(ours, peers) for r in pair if r is not None]
-    order.append(Row("ngramspec", "oracle", "ngramspec"))
-    if prompt_checks:
-        order.append(Row("ngramspec", "prompt", "ngramspec"))
+    def one_round(i: int) -> list[Row]:
+        modes = [*own_modes[:1], "prefill", *own_modes[1:]]
+        ours = [Row("ngramspec", m, "ngramspec" if m in ("off", "prefill")
+                    else f"ngramspec#{m}@{i}") for m in modes]
+        peers = [Row("llama-server", "off" if t == "none" else t,
+                     "llama-server:none" if t == "none" else f"llama-server:{t}@{i}")
+                 for t in (["none", *peer_types] if peer_types is not None else [])]
         if peers:
-            order.append(Row("llama-server", "prompt", "llama-server:none"))
-    return [order if i % 2 == 0 else order[::-1] for i in range(rounds)]
+            peers.insert(1, Row("llama-server", "prefill", "llama-server:none"))
+        order = [r for pair in zip_longest(ours, peers) for r in pair if r is not None]
+        order.append(Row("ngramspec", "oracle", "ngramspec"))
+        if prompt_checks:
+            order.append(Row("ngramspec", "prompt", "ngramspec"))
+            if peers:
+                order.append(Row("llama-server", "prompt", "llama-server:none"))
+        return order if i % 2 == 0 else order[::-1]
+    return [one_round(i) for i in range(rounds)]
+
+
+def starter(process: str) -> str:
+    """The key of `starters` that starts `process` (its name less "#MODE" and "@ROUND")."""
+    return process.split("@")[0].split("#")[0]
 
 
 def process_state(pid: int) -> str | None:
@@ -233,7 +247,7 @@ class Servers:
 
     def resume(self, name: str) -> Started:
         if name not in self.live:
-            self.live[name] = self.starters[name]()
+            self.live[name] = self.starters[starter(name)]()
         else:
             os.kill(self.live[name].pid, signal.SIGCONT)
             wait_stopped(self.live[name].pid, False)

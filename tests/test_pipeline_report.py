@@ -64,18 +64,26 @@ def _r(server, mode, wall, rnd=0, slots=1, outputs=None, generated=320):
 
 def test_schedule_alternates_servers_and_runs_later_rounds_backward():
     from ngramspec.pipeline_bench import schedule
+    from ngramspec.pipeline_bench import starter as PB_starter
 
     plan = schedule(["off", "auto", "ngram-mod"], ["ngram-mod", "ngram-simple"], True, 3)
     names = [(r.server[0], r.mode) for r in plan[0]]
     assert names == [("n", "off"), ("l", "off"), ("n", "prefill"), ("l", "prefill"),
                      ("n", "auto"), ("l", "ngram-mod"), ("n", "ngram-mod"), ("l", "ngram-simple"),
                      ("n", "oracle"), ("n", "prompt"), ("l", "prompt")]
-    assert plan[1] == plan[0][::-1] and plan[2] == plan[0]
+    key = lambda rows: [(r.server, r.mode) for r in rows]  # noqa: E731
+    assert key(plan[1]) == key(plan[0])[::-1] and key(plan[2]) == key(plan[0])
     procs = {(r.server, r.mode): r.process for r in plan[0]}
     assert procs[("llama-server", "off")] == procs[("llama-server", "prefill")] \
         == procs[("llama-server", "prompt")] == "llama-server:none"
-    assert procs[("llama-server", "ngram-simple")] == "llama-server:ngram-simple"
-    assert {r.process for r in plan[0] if r.server == "ngramspec"} == {"ngramspec"}
+    # a row that drafts from n-gram pools gets a process of its own, each round a new one
+    assert procs[("llama-server", "ngram-simple")] == "llama-server:ngram-simple@0"
+    assert procs[("ngramspec", "auto")] == "ngramspec#auto@0"
+    assert {r.process for r in plan[0] if r.server == "ngramspec"} == {
+        "ngramspec", "ngramspec#auto@0", "ngramspec#ngram-mod@0"}
+    assert {r.process for r in plan[1] if r.mode == "auto"} == {"ngramspec#auto@1"}
+    assert PB_starter("ngramspec#auto@1") == "ngramspec"
+    assert PB_starter("llama-server:ngram-mod@2") == "llama-server:ngram-mod"
     alone = schedule(["off", "auto"], None, False, 1)
     assert [(r.server, r.mode) for r in alone[0]] == [
         ("ngramspec", "off"), ("ngramspec", "prefill"), ("ngramspec", "auto"), ("ngramspec", "oracle")]
@@ -91,20 +99,21 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
 
     from ngramspec import pipeline_bench as PB
 
-    procs = {}
+    procs = {}  # url -> process; a row's own process gets its own url
 
     def starter(name):
         def start():
             p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
-            procs[name] = p
-            return PB.Started(f"http://{name}", p.pid, lambda: (p.terminate(), p.wait(10)))
+            url = f"http://{name}" if name not in procs else f"http://{name}/{len(procs)}"
+            procs[url[7:]] = p
+            return PB.Started(url, p.pid, lambda: (p.terminate(), p.wait(10)))
         return start
 
     seen = []
 
     def fake_row(row, srv, docs, slots, n_predict, clients, earlier, off):
-        states = {n: PB.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
-        seen.append((row.process, states))
+        states = {p.pid: PB.process_state(p.pid) for p in procs.values() if p.poll() is None}
+        seen.append((srv.pid, states))
         if row.mode == "oracle":
             assert off is not None and off.mode == "off" and off.round == 0
         return RunResult(row.server, row.mode, slots, 1.0 + len(seen), generated=10)
