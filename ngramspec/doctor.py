@@ -172,9 +172,10 @@ def measured_on() -> dict:
     import llama_cpp  # noqa: F401  (the kernels' guard reads ggml's libraries)
 
     from . import kernels
+    from .kernels.matmul import kquants_on
 
     states = kernels.states()
-    kq_off = os.environ.get("NGRAMSPEC_OWN_KQUANT") == "0"
+    kq_off = not kquants_on()
     return {"cpu": cpu(), "kernels": ", ".join(
         (f"{n} {st['variant']}" + (" (Q5_0 only)" if n == "matmul" and kq_off else ""))
         if st["active"] else f"{n} off" for n, st in states.items())}

@@ -117,8 +117,8 @@ class SeqState:
 
     @property
     def prediction(self) -> tuple[int, int] | None:
-        """(tokens drafted from the request's prediction, of them accepted), None without
-        a prediction (nothing verified of it, or no speculation)."""
+        """(tokens drafted from the request's prediction and verified, of them accepted);
+        None for a sequence without a prediction (or without speculation)."""
         if self.spec is None or not self.spec.own:
             return None
         return self.spec.own_n, self.spec.own_n_accepted

@@ -69,7 +69,6 @@ class Speculation:
         self.draft_n_accepted = 0
         self.own_n = 0  # of draft_n / draft_n_accepted: the tokens the own drafters drafted
         self.own_n_accepted = 0
-        self._own_committed = False
 
     def begin(self, prompt: np.ndarray) -> None:
         self.copying = False
@@ -79,7 +78,7 @@ class Speculation:
 
     def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
         """Proposals for this step and their expected tokens (nothing committed yet)."""
-        self.committed, self._own_committed = None, False
+        self.committed = None
         self.options = self.policy.options(self, history, sampled, room) if room > 0 else NO_OPTIONS
         return self.options
 
@@ -92,7 +91,6 @@ class Speculation:
         drafter, draft = opts.proposals[idx]
         draft = self.chain.commit(self.seq_id, drafter, draft[:k])
         self.committed = (drafter.name, len(draft))
-        self._own_committed = drafter in self.own
         return draft
 
     def settle(self, emitted: list[int], n_accepted: int) -> None:
@@ -101,7 +99,7 @@ class Speculation:
             self.chain.accept(self.seq_id, n_accepted)
             self.draft_n += self.committed[1]
             self.draft_n_accepted += n_accepted
-            if self._own_committed:
+            if any(d.name == self.committed[0] for d in self.own):
                 self.own_n += self.committed[1]
                 self.own_n_accepted += n_accepted
         self.policy.observe(self, emitted, n_accepted)

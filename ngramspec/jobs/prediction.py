@@ -18,6 +18,15 @@ from .types import Prediction
 PredictionInput = Union[Prediction, str, None]
 
 
+def vocab_ids(tokens: list[int], n_vocab: int, what: str) -> np.ndarray:
+    """`tokens` as int32 ids; TokenError naming the first outside [0, n_vocab) (`what`:
+    "prompt", "prediction")."""
+    for i, t in enumerate(tokens):
+        if not 0 <= t < n_vocab:
+            raise TokenError(f"{what} token {i} is {t}, outside the vocabulary [0, {n_vocab})")
+    return np.asarray(tokens, dtype=np.int32)
+
+
 def prediction_tokens(model, p: PredictionInput) -> np.ndarray | None:
     """Token ids of `p` (None: no prediction). Raises TokenError for an id outside the
     vocabulary."""
@@ -25,11 +34,6 @@ def prediction_tokens(model, p: PredictionInput) -> np.ndarray | None:
         return None
     c = p.content if isinstance(p, Prediction) else p
     if isinstance(c, list) and c and isinstance(c[0], int):
-        n_vocab = model.n_vocab
-        for i, t in enumerate(c):
-            if not 0 <= t < n_vocab:
-                raise TokenError(f"prediction token {i} is {t}, outside the vocabulary "
-                                 f"[0, {n_vocab})")
-        return np.asarray(c, dtype=np.int32)
+        return vocab_ids(c, model.n_vocab, "prediction")
     text = c if isinstance(c, str) else "".join(part.text or "" for part in c)
     return model.tokenize(text, add_special=False, parse_special=False)

@@ -41,6 +41,11 @@ GGML_TYPE_Q5_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_K = 6, 12, 14, 15
 KQUANTS = {"Q4_K": GGML_TYPE_Q4_K, "Q6_K": GGML_TYPE_Q6_K}
 
 
+def kquants_on() -> bool:
+    """Whether hooks take the Q4_K / Q6_K nodes (NGRAMSPEC_OWN_KQUANT, read once a hook)."""
+    return os.environ.get("NGRAMSPEC_OWN_KQUANT", "1") != "0"
+
+
 class _MatmulHook(C.Structure):
     """native/matmul.c's mm_hook_t, field by field."""
     _fields_ = OFFSET_FIELDS + [("extra_off", C.c_int64)] + \
@@ -86,7 +91,7 @@ class Hook(NodeHook):
 
     def __init__(self, lib: C.CDLL, n_threads: int, min_cols: int):
         off = ggml.tensor_offsets()
-        kq = os.environ.get("NGRAMSPEC_OWN_KQUANT", "1") != "0"
+        kq = kquants_on()
         self.lib = lib
         self.hook = _MatmulHook(**offsets(off), extra_off=off["extra"],
                                 op_mul_mat=ggml.op_code("MUL_MAT"), op_custom=ggml.op_code("CUSTOM"),

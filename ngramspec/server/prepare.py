@@ -24,7 +24,7 @@ from ..model import ContextOverflow
 from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
-from ..jobs.prediction import prediction_tokens
+from ..jobs.prediction import prediction_tokens, vocab_ids
 from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Job, output_budget
 from .state import ServerState
@@ -113,11 +113,7 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           **request_probs(req, state.engine.model.n_vocab))
 
 def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
-    n_vocab = state.engine.model.n_vocab
-    for i, t in enumerate(tokens):
-        if not 0 <= t < n_vocab:
-            raise TokenError(f"prompt token {i} is {t}, outside the vocabulary [0, {n_vocab})")
-    return np.asarray(tokens, dtype=np.int32)
+    return vocab_ids(tokens, state.engine.model.n_vocab, "prompt")
 
 def split_prompts(prompt: Any) -> list:
     """llama-server's rule: a list with no number at its top level is a batch of prompts

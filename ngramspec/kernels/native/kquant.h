@@ -275,9 +275,7 @@ static inline __attribute__((always_inline)) void q4k_rows_x_pairs(
             const int col = 2 * (p0 + j);
             out[col][r] = q4k_result(_mm512_castps512_ps256(acc[j]), _mm256_castps256_ps128(acc_m[j]));
             if (col + 1 < c->k)
-                out[col + 1][r] = q4k_result(
-                    _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)),
-                    _mm256_extractf128_ps(acc_m[j], 1));
+                out[col + 1][r] = q4k_result(upper_half(acc[j]), _mm256_extractf128_ps(acc_m[j], 1));
         }
     }
 }
@@ -315,17 +313,18 @@ static inline __attribute__((always_inline)) void q6k_rows_x_pairs(
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
             }
         }
-        for (int j = 0; j < np; ++j) {
-            const int col = 2 * (p0 + j);
-            out[col][r] = lanes_sum(_mm512_castps512_ps256(acc[j]));
-            if (col + 1 < c->k)
-                out[col + 1][r] = lanes_sum(_mm256_castpd_ps(
-                    _mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)));
-        }
+        for (int j = 0; j < np; ++j) store_pair_sums(out, 2 * (p0 + j), c->k, r, acc[j]);
     }
 }
 
-#define NGS_KQ_CHUNK(F, n) F(w, row_bytes, r0, r1, c, p0, n, out)
+/* A chunk of n (a constant in each case, so each is its own inlined copy) pairs. */
+#define NGS_KQ_CHUNKS(F) \
+    switch (n) { \
+    case 8: F(w, row_bytes, r0, r1, c, p0, 8, out); break; \
+    case 4: F(w, row_bytes, r0, r1, c, p0, 4, out); break; \
+    case 2: F(w, row_bytes, r0, r1, c, p0, 2, out); break; \
+    default: F(w, row_bytes, r0, r1, c, p0, 1, out); break; \
+    }
 /* Rows [r0, r1) of a Q4_K (q6 = 0) or Q6_K (q6 = 1) matrix against all k columns: 8
  * pairs at a time, then 4, 2, 1. */
 static inline void kq_rows_x_all_cols(int q6, const char *w, size_t row_bytes, int64_t r0,
@@ -333,28 +332,22 @@ static inline void kq_rows_x_all_cols(int q6, const char *w, size_t row_bytes, i
     const int n_pairs = (c->k + 1) / 2;
     for (int p0 = 0, n = 0; p0 < n_pairs; p0 += n) {
         n = n_pairs - p0 >= 8 ? 8 : n_pairs - p0 >= 4 ? 4 : n_pairs - p0 >= 2 ? 2 : 1;
-        if (q6) {
-            switch (n) {
-            case 8: NGS_KQ_CHUNK(q6k_rows_x_pairs, 8); break;
-            case 4: NGS_KQ_CHUNK(q6k_rows_x_pairs, 4); break;
-            case 2: NGS_KQ_CHUNK(q6k_rows_x_pairs, 2); break;
-            default: NGS_KQ_CHUNK(q6k_rows_x_pairs, 1); break;
-            }
-        } else {
-            switch (n) {
-            case 8: NGS_KQ_CHUNK(q4k_rows_x_pairs, 8); break;
-            case 4: NGS_KQ_CHUNK(q4k_rows_x_pairs, 4); break;
-            case 2: NGS_KQ_CHUNK(q4k_rows_x_pairs, 2); break;
-            default: NGS_KQ_CHUNK(q4k_rows_x_pairs, 1); break;
-            }
-        }
+        if (q6) { NGS_KQ_CHUNKS(q6k_rows_x_pairs) } else { NGS_KQ_CHUNKS(q4k_rows_x_pairs) }
     }
 }
 #else
 static inline int64_t kq_pairs_bytes(int k, int nb) { (void)k; (void)nb; return 0; }
 static inline void kq_prepare_pairs(const kcols_t *c) { (void)c; }
 
-#define NGS_KQ_CHUNK(F, n) F(w, row_bytes, r0, r1, c->nb, c->y, c0, n, out)
+/* A chunk of n (a constant in each case, so each is its own inlined copy) columns. */
+#define NGS_KQ_CHUNKS(F) \
+    switch (n) { \
+    case 8: F(w, row_bytes, r0, r1, c->nb, c->y, c0, 8, out); break; \
+    case 4: F(w, row_bytes, r0, r1, c->nb, c->y, c0, 4, out); break; \
+    case 3: F(w, row_bytes, r0, r1, c->nb, c->y, c0, 3, out); break; \
+    case 2: F(w, row_bytes, r0, r1, c->nb, c->y, c0, 2, out); break; \
+    default: F(w, row_bytes, r0, r1, c->nb, c->y, c0, 1, out); break; \
+    }
 /* Rows [r0, r1) of a Q4_K (q6 = 0) or Q6_K (q6 = 1) matrix against all k columns: 8 at
  * a time (their blocks stay in L1 while the rows stream), then 4, then the rest. */
 static inline void kq_rows_x_all_cols(int q6, const char *w, size_t row_bytes, int64_t r0,
@@ -362,25 +355,9 @@ static inline void kq_rows_x_all_cols(int q6, const char *w, size_t row_bytes, i
     const int k = c->k;
     for (int c0 = 0, n = 0; c0 < k; c0 += n) {
         n = k - c0 >= 8 ? 8 : k - c0 >= 4 ? 4 : k - c0;
-        if (q6) {
-            switch (n) {
-            case 8: NGS_KQ_CHUNK(q6k_rows_x_cols, 8); break;
-            case 4: NGS_KQ_CHUNK(q6k_rows_x_cols, 4); break;
-            case 3: NGS_KQ_CHUNK(q6k_rows_x_cols, 3); break;
-            case 2: NGS_KQ_CHUNK(q6k_rows_x_cols, 2); break;
-            default: NGS_KQ_CHUNK(q6k_rows_x_cols, 1); break;
-            }
-        } else {
-            switch (n) {
-            case 8: NGS_KQ_CHUNK(q4k_rows_x_cols, 8); break;
-            case 4: NGS_KQ_CHUNK(q4k_rows_x_cols, 4); break;
-            case 3: NGS_KQ_CHUNK(q4k_rows_x_cols, 3); break;
-            case 2: NGS_KQ_CHUNK(q4k_rows_x_cols, 2); break;
-            default: NGS_KQ_CHUNK(q4k_rows_x_cols, 1); break;
-            }
-        }
+        if (q6) { NGS_KQ_CHUNKS(q6k_rows_x_cols) } else { NGS_KQ_CHUNKS(q4k_rows_x_cols) }
     }
 }
 #endif
-#undef NGS_KQ_CHUNK
+#undef NGS_KQ_CHUNKS
 #endif

@@ -215,72 +215,93 @@ bool ngs_mm_cb(void *t, bool ask, void *user) {
     return u->next ? u->next(t, ask, u->next_user) : !ask;
 }
 
-/* ggml's vec_dot_q5_0_q8_0 (`vec_dot`, of the library llama.cpp loaded) against this
- * kernel on pseudo-random weights and columns: 40 rows of 640 values (scales 2^-12 ..
- * 2^-3) times 1, 2, 3, 5, 8, 11 columns (values up to +-8, one outlier a column).
- * Returns how many of the values differ in any bit; -1 without memory. */
-int ngs_mm_selftest(from_float_t quantize, vec_dot_t vec_dot) {
-    enum { N = 40, K = 640, M = 11, NB = K / 32 };
+/* ---------------------------------------------------------------- self-tests */
+
+static inline uint32_t next_u32(uint64_t *s) {
+    *s = *s * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (uint32_t)(*s >> 33);
+}
+
+/* A pseudo-random fp16 scale of 2^-12 .. 2^-3 (times `top` / 0.125). */
+static inline uint16_t test_scale(uint64_t *s, float top) {
+    return _cvtss_sh((float)(next_u32(s) % 1000 + 1) / 1000.0f * top, 0);
+}
+
+/* Weights of kind (-1: Q5_0, 0: Q4_K, 1: Q6_K) against M columns of K values (up to +-8,
+ * one outlier a column, drawn from s), for 1, 2, 3, 5, 8, 11 of them: ours (mm_compute /
+ * kq_compute, two threads) against ggml's `vec_dot` on the columns its `quantize` made.
+ * How many values differ in any bit; -1 without memory. */
+static int count_differences(int kind, const unsigned char *w, size_t row_bytes, int N, int K,
+                             uint64_t *s, from_float_t quantize, vec_dot_t vec_dot) {
+    enum { M = 11 };
     static const int widths[] = {1, 2, 3, 5, 8, 11};
-    block_q5_0 *w = malloc(sizeof(block_q5_0) * N * NB);
-    float *x = malloc(sizeof(float) * M * K), *ours = malloc(sizeof(float) * M * N);
-    block_q8 *yq = malloc(sizeof(block_q8) * NB);
-    char *work = aligned_alloc(ALIGN, (size_t)work_needed(K, M, false));
+    const bool kq = kind >= 0;
+    float *x = malloc(sizeof(float) * M * K), *got = malloc(sizeof(float) * M * N);
+    void *yq = malloc(kq ? sizeof(block_q8_K) * (K / QK_K) : sizeof(block_q8) * (K / 32));
+    char *work = aligned_alloc(ALIGN, (size_t)up(work_needed(K, M, kq)));
     int bad = -1;
-    if (!w || !x || !ours || !yq || !work) goto done;
-    uint64_t s = 0x9E3779B97F4A7C15ULL;
-#define NEXT() (s = s * 6364136223846793005ULL + 1442695040888963407ULL, (uint32_t)(s >> 33))
-    for (int i = 0; i < N * NB; ++i) {
-        unsigned char *p = (unsigned char *)&w[i];
-        for (size_t j = 0; j < sizeof(block_q5_0); ++j) p[j] = (unsigned char)NEXT();
-        w[i].d = _cvtss_sh((float)(NEXT() % 1000 + 1) / 1000.0f * 0.125f, 0);
-    }
-    for (int i = 0; i < M * K; ++i) x[i] = ((float)(NEXT() % 16001) - 8000.0f) / 1000.0f;
+    if (!x || !got || !yq || !work) goto done;
+    for (int i = 0; i < M * K; ++i) x[i] = ((float)(next_u32(s) % 16001) - 8000.0f) / 1000.0f;
     for (int c = 0; c < M; ++c) x[c * K + (c * 37) % K] = 200.0f + c;
     bad = 0;
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; ++wi) {
         const int m = widths[wi];
-        memset(ours, 0xFF, sizeof(float) * M * N);
-        for (int ith = 0; ith < 2; ++ith)
-            mm_compute((const char *)w, NB * sizeof(block_q5_0), N, K, (const char *)x,
-                       K * sizeof(float), m, (char *)ours, N * sizeof(float), quantize, work,
-                       ith, 2);
+        memset(got, 0xFF, sizeof(float) * M * N);
+        for (int ith = 0; ith < 2; ++ith) {
+            if (kq)
+                kq_compute(kind, (const char *)w, row_bytes, N, K, (const char *)x,
+                           K * sizeof(float), m, (char *)got, N * sizeof(float), quantize, work,
+                           ith, 2);
+            else
+                mm_compute((const char *)w, row_bytes, N, K, (const char *)x, K * sizeof(float),
+                           m, (char *)got, N * sizeof(float), quantize, work, ith, 2);
+        }
         for (int c = 0; c < m; ++c) {
             quantize(x + c * K, yq, K);
             for (int r = 0; r < N; ++r) {
                 float ref;
-                vec_dot(K, &ref, 0, w + r * NB, 0, yq, 0, 1);
-                bad += memcmp(&ref, ours + c * N + r, sizeof ref) != 0;
+                vec_dot(K, &ref, 0, w + (size_t)r * row_bytes, 0, yq, 0, 1);
+                bad += memcmp(&ref, got + c * N + r, sizeof ref) != 0;
             }
         }
     }
-#undef NEXT
 done:
-    free(w); free(x); free(ours); free(yq); free(work);
+    free(x); free(got); free(yq); free(work);
     return bad;
 }
 
-/* The K-quant counterpart of ngs_mm_selftest: ggml's vec_dot of `type` (q6: Q6_K, else
- * Q4_K; `vec_dot` of the library llama.cpp loaded, on columns its Q8_K `quantize`
- * made) against kq_compute on pseudo-random super-blocks: 24 rows of 512 values times
- * 1, 2, 3, 5, 8, 11 columns (values up to +-8, one outlier a column). Returns how many
+/* ggml's vec_dot_q5_0_q8_0 (`vec_dot`, of the library llama.cpp loaded) against this
+ * kernel on pseudo-random weights and columns: 40 rows of 640 values (scales 2^-12 ..
+ * 2^-3) times 1, 2, 3, 5, 8, 11 columns (count_differences). Returns how many of the
  * values differ in any bit; -1 without memory. */
+int ngs_mm_selftest(from_float_t quantize, vec_dot_t vec_dot) {
+    enum { N = 40, K = 640, NB = K / 32 };
+    block_q5_0 *w = malloc(sizeof(block_q5_0) * N * NB);
+    if (!w) return -1;
+    uint64_t s = 0x9E3779B97F4A7C15ULL;
+    for (int i = 0; i < N * NB; ++i) {
+        unsigned char *p = (unsigned char *)&w[i];
+        for (size_t j = 0; j < sizeof(block_q5_0); ++j) p[j] = (unsigned char)next_u32(&s);
+        w[i].d = test_scale(&s, 0.125f);
+    }
+    const int bad = count_differences(-1, (const unsigned char *)w, NB * sizeof(block_q5_0), N,
+                                      K, &s, quantize, vec_dot);
+    free(w);
+    return bad;
+}
+
+/* The K-quant counterpart: ggml's vec_dot of Q6_K (q6) or Q4_K (`vec_dot` of the library
+ * llama.cpp loaded, on columns its Q8_K `quantize` made) against kq_compute on
+ * pseudo-random super-blocks: 24 rows of 512 values (count_differences). */
 int ngs_mm_selftest_k(int q6, from_float_t quantize, vec_dot_t vec_dot) {
-    enum { N = 24, K = 512, M = 11, NB = K / QK_K };
-    static const int widths[] = {1, 2, 3, 5, 8, 11};
+    enum { N = 24, K = 512, NB = K / QK_K };
     const size_t bsz = q6 ? sizeof(block_q6_K) : sizeof(block_q4_K);
     unsigned char *w = malloc(bsz * N * NB);
-    float *x = malloc(sizeof(float) * M * K), *ours_ = malloc(sizeof(float) * M * N);
-    block_q8_K *yq = malloc(sizeof(block_q8_K) * NB);
-    char *work = aligned_alloc(ALIGN, (size_t)up(work_needed(K, M, true)));
-    int bad = -1;
-    if (!w || !x || !ours_ || !yq || !work) goto done;
+    if (!w) return -1;
     uint64_t s = 0xD1B54A32D192ED03ULL;
-#define NEXT() (s = s * 6364136223846793005ULL + 1442695040888963407ULL, (uint32_t)(s >> 33))
-    for (size_t i = 0; i < bsz * N * NB; ++i) w[i] = (unsigned char)NEXT();
+    for (size_t i = 0; i < bsz * N * NB; ++i) w[i] = (unsigned char)next_u32(&s);
     for (int i = 0; i < N * NB; ++i) {  /* sane fp16 scales: 2^-12 .. 2^-3 */
-        const uint16_t d = _cvtss_sh((float)(NEXT() % 1000 + 1) / 1000.0f * 0.125f, 0);
-        const uint16_t dm = _cvtss_sh((float)(NEXT() % 1000 + 1) / 1000.0f * 0.0625f, 0);
+        const uint16_t d = test_scale(&s, 0.125f), dm = test_scale(&s, 0.0625f);
         if (q6) {
             memcpy(w + i * bsz + offsetof(block_q6_K, d), &d, 2);
         } else {
@@ -288,26 +309,7 @@ int ngs_mm_selftest_k(int q6, from_float_t quantize, vec_dot_t vec_dot) {
             memcpy(w + i * bsz + offsetof(block_q4_K, dmin), &dm, 2);
         }
     }
-    for (int i = 0; i < M * K; ++i) x[i] = ((float)(NEXT() % 16001) - 8000.0f) / 1000.0f;
-    for (int c = 0; c < M; ++c) x[c * K + (c * 37) % K] = 200.0f + c;
-#undef NEXT
-    bad = 0;
-    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; ++wi) {
-        const int m = widths[wi];
-        memset(ours_, 0xFF, sizeof(float) * M * N);
-        for (int ith = 0; ith < 2; ++ith)
-            kq_compute(q6, (const char *)w, NB * bsz, N, K, (const char *)x, K * sizeof(float), m,
-                       (char *)ours_, N * sizeof(float), quantize, work, ith, 2);
-        for (int c = 0; c < m; ++c) {
-            quantize(x + c * K, yq, K);
-            for (int r = 0; r < N; ++r) {
-                float ref;
-                vec_dot(K, &ref, 0, w + (size_t)r * NB * bsz, 0, yq, 0, 1);
-                bad += memcmp(&ref, ours_ + c * N + r, sizeof ref) != 0;
-            }
-        }
-    }
-done:
-    free(w); free(x); free(ours_); free(yq); free(work);
+    const int bad = count_differences(q6, w, NB * bsz, N, K, &s, quantize, vec_dot);
+    free(w);
     return bad;
 }

@@ -114,13 +114,7 @@ static inline __attribute__((always_inline)) void rows_x_pairs(
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
             }
         }
-        for (int j = 0; j < np; ++j) {
-            const int col = 2 * (p0 + j);
-            out[col][r] = lanes_sum(_mm512_castps512_ps256(acc[j]));
-            if (col + 1 < c->k)
-                out[col + 1][r] = lanes_sum(_mm256_castpd_ps(
-                    _mm512_extractf64x4_pd(_mm512_castps_pd(acc[j]), 1)));
-        }
+        for (int j = 0; j < np; ++j) store_pair_sums(out, 2 * (p0 + j), c->k, r, acc[j]);
     }
 }
 
