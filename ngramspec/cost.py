@@ -450,10 +450,11 @@ def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], flo
 
 
 def _kernel_key(ctx) -> str:
-    """The cost key's part for the context's kernels: ":<name>=own" for each active one
-    (kernels.KERNELS order), then each instruction-set variant other than AVX2 in use."""
+    """The cost key's part for the context's kernels: ":<name>=<scope>" for each active
+    one (kernels.KERNELS order; "own", or "q5_0" for a matmul that leaves the K-quants to
+    llama.cpp), then each instruction-set variant other than AVX2 in use."""
     states = ctx.kernel_state() if hasattr(ctx, "kernel_state") else {}  # {}: a stand-in
-    return ("".join(f":{n}=own" for n, st in states.items() if st["active"])
+    return ("".join(f":{n}={st.get('scope', 'own')}" for n, st in states.items() if st["active"])
             + "".join(sorted({f":{st['variant']}" for st in states.values()
                               if st["active"] and st["variant"] != "avx2"})))
 

@@ -491,8 +491,9 @@ class Context:
         return self.hooks.get("matmul")
 
     def kernel_state(self) -> dict[str, dict]:
-        """Each kernel in this context: {"active": bool, "reason": str, "variant": str}
-        (the output layer is active once its start-up check passed)."""
+        """Each kernel in this context: {"active": bool, "reason": str, "variant": str},
+        and "scope" when active ("own", or the matmul's "q5_0" with NGRAMSPEC_OWN_KQUANT=0;
+        the output layer is active once its start-up check passed)."""
         out = {}
         for k in kernels.KERNELS:
             hook = self.hooks.get(k.name)
@@ -505,7 +506,8 @@ class Context:
                                "variant": ""}
             else:
                 out[k.name] = {"active": True, "reason": "passes every check",
-                               "variant": kernels.variant_of(hook.lib)}
+                               "variant": kernels.variant_of(hook.lib),
+                               "scope": getattr(hook, "scope", "own")}
         return out
 
     @property

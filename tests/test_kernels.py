@@ -51,8 +51,8 @@ def _run(args: list[str], env: dict[str, str] | None = None, cache: Path | None 
                           cwd=ROOT, timeout=300)
 
 
-def _probe(patch: str = "", **kw) -> tuple[dict, str]:
-    p = _run(["-c", PROBE.format(patch=patch)], **kw)
+def _probe(patch: str = "", probe_src: str = PROBE, **kw) -> tuple[dict, str]:
+    p = _run(["-c", probe_src.format(patch=patch)], **kw)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1]), p.stderr
 
@@ -227,3 +227,19 @@ def test_a_ray_pool_keeps_one_kernel_mode(monkeypatch):
     with pytest.raises(NgramSpecError, match=r"different kernel modes \(llama.cpp, own-attention\)"):
         pool._one_mode()
     monkeypatch.delitem(sys.modules, "ngramspec.batch.ray_backend", raising=False)
+
+
+def test_the_cost_key_names_what_the_matmul_takes():
+    """A decode-cost curve learnt with the K-quant matmuls is not reused without them
+    (NGRAMSPEC_OWN_KQUANT=0: the matmul hook takes Q5_0 alone, a different cost)."""
+    from kernel_toggle import require
+    from ngramspec.kernels import matmul
+
+    require(matmul.KERNEL)
+    probe = PROBE.replace("print(json.dumps({{", "from ngramspec.cost import _kernel_key\n"
+                          "print(json.dumps({{\"key\": _kernel_key(ctx), ")
+    on, _ = _probe(probe_src=probe)
+    off, _ = _probe(probe_src=probe, env={"NGRAMSPEC_OWN_KQUANT": "0"})
+    assert ":matmul=own" in on["key"] and ":matmul=q5_0" in off["key"], (on["key"], off["key"])
+    assert on["context"]["matmul"]["scope"] == "own"
+    assert off["context"]["matmul"]["scope"] == "q5_0"

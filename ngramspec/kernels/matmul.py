@@ -93,6 +93,7 @@ class Hook(NodeHook):
         off = ggml.tensor_offsets()
         kq = kquants_on()
         self.lib = lib
+        self.scope = "own" if kq else "q5_0"  # the cost key's name for what it takes
         self.hook = _MatmulHook(**offsets(off), extra_off=off["extra"],
                                 op_mul_mat=ggml.op_code("MUL_MAT"), op_custom=ggml.op_code("CUSTOM"),
                                 type_f32=ggml.GGML_TYPE_F32, type_q5_0=GGML_TYPE_Q5_0,
