@@ -5,10 +5,16 @@ import os as _os
 # reads this once per process at the first matmul, so it is set as early as
 # possible: importing ngramspec before llama.cpp evaluates anything is enough.
 _os.environ.setdefault("GGML_CPU_TILED_MM", "0")
-from .config import SPEC_TYPES, NgramMapParams, NgramModParams, SpecConfig, parse_spec_types
-from .drafters import Drafter, DrafterChain, make_drafter
+from .settings.config import (
+    SPEC_TYPES,
+    NgramMapParams,
+    NgramModParams,
+    SpecConfig,
+    parse_spec_types,
+)
+from .spec.drafters import Drafter, DrafterChain, make_drafter
 from .errors import ConfigError, NgramSpecError, TokenError
-from .pool import HashPool
+from .spec.pool import HashPool
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "Drafter", "DrafterChain", "HashPool", "NgramMapParams",

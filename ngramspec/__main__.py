@@ -1,5 +1,5 @@
 """`python -m ngramspec ...`: the same command line as the `ngramspec` console script."""
-from .cli import run
+from .cli.main import run
 
 if __name__ == "__main__":
     run()

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from .config import SpecConfig, spec_config_from_options
-from .drafters import DrafterChain
-from .policy import FixedPolicy
-from .speculation import Speculation
+from .settings.config import SpecConfig, spec_config_from_options
+from .spec.drafters import DrafterChain
+from .spec.policy import FixedPolicy
+from .spec.speculation import Speculation
 
 try:  # the base class, when llama-cpp-python is installed (it is a dependency)
     from llama_cpp.llama_speculative import LlamaDraftModel

@@ -30,7 +30,7 @@ ENV_VARS = ("NGRAMSPEC_OWN_HEAD", "NGRAMSPEC_OWN_ATTENTION", "NGRAMSPEC_OWN_MATM
 
 def cpu() -> dict:
     """The CPU's model name, architecture, cores and the flags of CPU_FLAGS it has."""
-    from .host import cpu_flags
+    from .llama.host import cpu_flags
 
     name = ""
     try:
@@ -48,7 +48,7 @@ def llama() -> dict:
     """llama-cpp-python's version, ggml's, the build's system info and the devices."""
     import llama_cpp
 
-    from .kernels import ggml, guard
+    from .llama.kernels import ggml, guard
 
     return {"llama_cpp_python": getattr(llama_cpp, "__version__", "?"), "ggml": ggml.version(),
             "verified": f"llama-cpp-python {guard.VERIFIED_LLAMA_CPP}, ggml {guard.VERIFIED_GGML}",
@@ -59,8 +59,8 @@ def llama() -> dict:
 def kernels_report(model_path: str | None) -> tuple[dict, dict]:
     """(each kernel's state, what a context of the model said): the process-level
     state, refined by a batch-invariant context of the model where one can be made."""
-    from . import kernels
-    from .kernels import build
+    from .llama import kernels
+    from .llama.kernels import build
 
     procs = kernels.states()
     for k in kernels.KERNELS:
@@ -69,13 +69,14 @@ def kernels_report(model_path: str | None) -> tuple[dict, dict]:
         st["variants"] = {"has": list(k.variants), "cpu_runs": k.candidates()}
     context = {"model": model_path or "(embedded)", "error": None, "cell_mode": None}
     try:
-        from .model import Context, ContextParams, Model
+        from .llama.context import Context, ContextParams
+        from .llama.model import Model
 
         m = Model(model_path)
         ctx = Context(m, ContextParams(n_ctx=512, n_batch=64))
-        for name, st in ctx.kernel_state().items():
+        for name, st in ctx.kernels.state().items():
             procs[name].update(st)
-        context["cell_mode"] = ctx.cell_mode
+        context["cell_mode"] = ctx.kernels.cell_mode
         ctx.close()
         m.close()
     except Exception as e:  # a report, not a crash: the process-level states stand
@@ -86,8 +87,8 @@ def kernels_report(model_path: str | None) -> tuple[dict, dict]:
 def paths(slot_save_path: str | None) -> dict:
     """The cache folder (cost curves, compiled kernels, remembered failures) and the
     slot folder, each with whether it can be written."""
-    from .kernels import build
-    from .paths import cache_dir
+    from .llama.kernels import build
+    from .settings.paths import cache_dir
 
     def where(p: Path | None) -> dict | None:
         if p is None:
@@ -125,7 +126,7 @@ def collect(model_path: str | None, slot_save_path: str | None) -> dict:
 @click.option("--json", "as_json", is_flag=True, help="print one JSON object")
 def doctor(model_path, slot_save_path, rebuild, as_json) -> None:
     """Print what a bug report needs: llama.cpp build, CPU, kernels and why, paths."""
-    from .kernels import KERNELS, build
+    from .llama.kernels import KERNELS, build
 
     if rebuild:
         for k in KERNELS:
@@ -171,8 +172,8 @@ def measured_on() -> dict:
     machine and environment as a bench's servers), for every bench figure."""
     import llama_cpp  # noqa: F401  (the kernels' guard reads ggml's libraries)
 
-    from . import kernels
-    from .kernels.matmul import kquants_on
+    from .llama import kernels
+    from .llama.kernels.matmul import kquants_on
 
     states = kernels.states()
     kq_off = not kquants_on()

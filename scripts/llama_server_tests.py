@@ -300,7 +300,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def default_model() -> str:
     sys.path.insert(0, str(REPO))
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
 
     return default_model_path()
 

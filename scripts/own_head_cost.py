@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What our output layer (ngramspec/kernels/head.py) saves, decode shape by decode shape.
+"""What our output layer (ngramspec/llama/kernels/head.py) saves, decode shape by decode shape.
 
     .venv/bin/python scripts/own_head_cost.py [--reps 15] [--cells 600]
 
@@ -8,7 +8,7 @@ Generation contexts of the embedded model in one process, as the engine makes th
 one with ours per instruction-set variant this CPU runs (AVX2, AVX-512 VNNI); each decode
 shape (streams x tokens, every row with logits) is timed on each, alternated, and the
 logits compared bit for bit with llama.cpp's. One model process; nothing else
-may run (docs/benchmarks.md, "An output layer of our own").
+may run (docs/benchmarks-history.md, "An output layer of our own").
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ngramspec.model import Context, ContextParams, Model  # noqa: E402
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.llama.model import Model  # noqa: E402
 
 STREAMS = 8
 SHAPES = [(1, 1), (1, 2), (2, 1), (1, 4), (4, 1), (4, 2), (8, 1), (1, 8), (2, 8), (1, 16), (4, 4)]
@@ -68,7 +69,7 @@ def main() -> int:
     a = ap.parse_args()
     rng = np.random.default_rng(0)
     model = Model(use_extra_bufts=False)
-    from ngramspec.kernels import head
+    from ngramspec.llama.kernels import head
     ctxs = {"llama.cpp": filled(model, None, a.cells)}
     for v in head.KERNEL.candidates():
         ctxs[v] = filled(model, v, a.cells)

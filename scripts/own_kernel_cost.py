@@ -1,11 +1,11 @@
 #!/usr/bin/env python
-"""ngramspec's graph-node kernels (ngramspec/kernels/attention.py, matmul.py): what one costs
+"""ngramspec's graph-node kernels (ngramspec/llama/kernels/attention.py, matmul.py): what one costs
 against llama.cpp's own, and whether a row's values stay independent of its batch.
 
     .venv/bin/python scripts/own_kernel_cost.py [--kernel attention|matmul|kquant] [gen] [prompt]
     NGRAMSPEC_KERNEL_VARIANT=avx2 .venv/bin/python scripts/own_kernel_cost.py --kernel matmul gen
 
-The engine's kernels (`ngramspec/kernels/native/attention.c`, `matmul.c`, installed into every
+The engine's kernels (`ngramspec/llama/kernels/native/attention.c`, `matmul.c`, installed into every
 batch-invariant context) turn every node they support into a GGML_OP_CUSTOM node before
 ggml computes the graph, or leave it to llama.cpp while their hook's `enabled` is 0, so
 one kernel is alternated with llama.cpp's on the same context and the same KV cells
@@ -31,16 +31,51 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 
-from ngramspec.model import Model  # noqa: E402
-from ngramspec.pipeline_bench import long_text  # noqa: E402
-from output_layer_cost import make_context, median_ms  # noqa: E402
+from ngramspec.llama import seq_cells  # noqa: E402
+from ngramspec.llama.model import Model  # noqa: E402
+from ngramspec.bench.prompt_checks import long_text  # noqa: E402
+from ngramspec.llama.backend import _llama  # noqa: E402
+from ngramspec.llama.context import Context, ContextParams  # noqa: E402
 
 
 KERNEL = "attention"  # the kernel measured (--kernel): attention, matmul or kquant
+
+
+
+def make_context(model: Model, n_seq: int, cb=None, invariant: bool = False, user=None,
+                 **fields) -> Context:
+    """A context of n_seq streams (batch-invariant as the engine's, or plain), with `cb`
+    as cb_eval (and `user`, a ctypes pointer, as its user data); `fields`: other
+    ContextParams fields (they win over the defaults here)."""
+    lc = _llama()
+    orig = lc.llama_context_default_params
+
+    def params():
+        p = orig()
+        if cb is not None:
+            p.cb_eval = cb
+        if user is not None:
+            p.cb_eval_user_data = C.cast(user, C.c_void_p)
+        return p
+    lc.llama_context_default_params = params
+    try:
+        return Context(model, ContextParams(**{
+            "n_ctx": 2048 * n_seq, "n_batch": 512, "n_seq_max": n_seq,
+            "batch_invariant": invariant, "own_head": False, **fields}))
+    finally:
+        lc.llama_context_default_params = orig
+
+
+def median_ms(fn, reps: int = 15) -> float:
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
 
 
 def kernel_hook(ctx) -> C.Structure:
@@ -49,7 +84,7 @@ def kernel_hook(ctx) -> C.Structure:
     attr = "matmul" if KERNEL == "kquant" else KERNEL
     if getattr(ctx, attr) is None:
         sys.exit(f"the {attr} kernel is not available here (`ngramspec doctor` says why)")
-    from ngramspec.kernels import variant_of
+    from ngramspec.llama.kernels import variant_of
 
     print(f"# {KERNEL}: the {variant_of(getattr(ctx, attr).lib)} variant "
           f"(NGRAMSPEC_KERNEL_VARIANT picks one)", flush=True)
@@ -59,7 +94,7 @@ def kernel_hook(ctx) -> C.Structure:
 def set_on(hook: C.Structure, on: int) -> None:
     """The measured kernel on (1) or llama.cpp's (0); the C hooks read it live."""
     if KERNEL == "kquant":
-        from ngramspec.kernels.matmul import GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
+        from ngramspec.llama.kernels.matmul import GGML_TYPE_Q4_K, GGML_TYPE_Q6_K
 
         hook.type_q4_k, hook.type_q6_k = (GGML_TYPE_Q4_K, GGML_TYPE_Q6_K) if on else (-1, -1)
     else:
@@ -124,7 +159,7 @@ def prompt(path: str) -> tuple[int, int]:
             part = toks[a:a + chunk]
             rows = max(64, len(part))
             ctx.run_rows([(0, part, a, None)], {0: rows + (-rows) % 4 - len(part)})
-        return bytes(ctx.seq_state(0))
+        return bytes(seq_cells.read(ctx, 0))
     print("ours: prompt cells identical for chunks of 512 / 200 / 96:",
           prefill(512, 1) == prefill(200, 1) == prefill(96, 1))
     res: dict[int, list[float]] = {1: [], 0: []}

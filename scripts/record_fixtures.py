@@ -57,8 +57,9 @@ def load_model(model_path: Optional[str] = None):
     """An ngramspec Engine with speculation off: exactly the decoding the benchmarks
     compare against (batch-invariant context, one token per step)."""
     from ngramspec import SpecConfig
-    from ngramspec.engine import Engine
-    from ngramspec.model import Context, ContextParams, Model
+    from ngramspec.engine.engine import Engine
+    from ngramspec.llama.context import Context, ContextParams
+    from ngramspec.llama.model import Model
 
     model = Model(model_path)
     ctx = Context(model, ContextParams(n_ctx=N_CTX, n_batch=N_BATCH, n_threads=N_THREADS))
@@ -67,7 +68,7 @@ def load_model(model_path: Optional[str] = None):
 
 def record_stream(engine, prompt_text: str, n_predict: int, on_token=None) -> Dict:
     """Greedily decode up to ``n_predict`` tokens after ``prompt_text`` (spec off)."""
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.sampling import SamplingParams
 
     prompt_tokens = engine.model.tokenize(prompt_text)
     if len(prompt_tokens) + n_predict > N_CTX:

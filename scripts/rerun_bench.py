@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ngramspec.corpus import documents, interleave
+from ngramspec.bench.corpus import documents, interleave
 from ngramspec.doctor import measured_on, measured_on_line
 
 

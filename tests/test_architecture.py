@@ -30,7 +30,7 @@ def test_no_function_over_60_lines():
 def test_flags_and_a_request_override_mean_the_same_for_every_role():
     """The generic flags and a request's `speculative` fields both derive from
     config.SPEC_TYPE_TABLE: the same value gives the same config."""
-    from ngramspec.config import SPEC_TYPE_TABLE, spec_config_from_options
+    from ngramspec.settings.config import SPEC_TYPE_TABLE, spec_config_from_options
 
     for types in ("ngram-mod", "ngram-simple,ngram-map-k", "auto"):
         base = spec_config_from_options(types)
@@ -45,7 +45,7 @@ def test_flags_and_a_request_override_mean_the_same_for_every_role():
 
 
 def test_props_sizes_are_the_first_types():
-    from ngramspec.config import SpecConfig
+    from ngramspec.settings.config import SpecConfig
 
     assert SpecConfig(types=("ngram-mod",)).sizes() == (24, 64)
     assert SpecConfig(types=("ngram-map-k", "ngram-mod")).sizes() == (12, 48)
@@ -53,7 +53,7 @@ def test_props_sizes_are_the_first_types():
 
 
 def test_one_output_budget_rule_for_requests_and_records():
-    from ngramspec.jobs.scheduler import output_budget
+    from ngramspec.engine.engine import output_budget
 
     assert output_budget(10, 100) == (10, False)
     assert output_budget(200, 100) == (100, True)
@@ -65,7 +65,7 @@ def test_a_prepared_job_gives_a_fresh_job_per_submission():
     import numpy as np
 
     from ngramspec.jobs.scheduler import Job
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.sampling import SamplingParams
     from ngramspec.server.prepare import Prepared, make_job
 
     prep = Prepared(Job(prompt=np.arange(3, dtype=np.int32), sampling=SamplingParams(),
@@ -75,3 +75,39 @@ def test_a_prepared_job_gives_a_fresh_job_per_submission():
     a, b = (make_job(prep, s) for s in sinks)
     assert a.id != b.id and (a.sink, b.sink) == tuple(sinks)
     assert (a.cancelled, a.finished) == (False, False) and a.prompt is prep.job.prompt
+
+
+def test_the_layers_are_folders_and_the_rank_rule_holds():
+    """Issue 46's bars: few modules at the top, none over 500 lines, llama.context.Context at
+    most 200 lines, no `own_*` module at the top, at most 10 tools in scripts/; and the
+    rank rule of scripts/import_graph.py on hand-written module names."""
+    import importlib.util
+
+    pkg = ROOT / "ngramspec"
+    top = sorted(p.name for p in pkg.glob("*.py"))
+    assert len(top) <= 12 and not [n for n in top if n.startswith("own_")], top
+    long = {str(p.relative_to(ROOT)): n for p in pkg.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, long
+    tree = ast.parse((pkg / "llama" / "context.py").read_text())
+    ctx = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Context")
+    assert ctx.end_lineno - ctx.lineno + 1 <= 200
+    assert len([p for p in (ROOT / "scripts").iterdir() if p.is_file()]) <= 10
+    spec = importlib.util.spec_from_file_location("import_graph", ROOT / "scripts" / "import_graph.py")
+    graph = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(graph)
+    ok, bad = graph.allowed, lambda a, b: not graph.allowed(a, b)
+    assert ok("ngramspec.engine.engine", "ngramspec.spec.planner")
+    assert ok("ngramspec.server.__main__", "ngramspec.cli.main")
+    assert bad("ngramspec.batch.runner", "ngramspec.server.prepare")  # one rank, two layers
+    assert bad("ngramspec.jobs.build", "ngramspec.batch.records")
+    assert bad("ngramspec.llama.context", "ngramspec.spec.cost")  # upwards
+    assert bad("ngramspec.bench.pipeline", "ngramspec.cli.bench")
+
+
+def test_one_function_builds_a_job():
+    """Requests and batch records become Jobs in jobs/build.build_job alone."""
+    calls = [str(p.relative_to(ROOT)) for p in (ROOT / "ngramspec").rglob("*.py")
+             for node in ast.walk(ast.parse(p.read_text()))
+             if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Job"]
+    assert calls == ["ngramspec/jobs/build.py"], calls

@@ -112,8 +112,8 @@ def test_api_gives_plain_decoding_output_whatever_the_slot(make_engine):
     """Greedy records through 2 slots with speculation = each prompt decoded alone, spec off."""
     from ngramspec import SpecConfig
     from ngramspec.batch import batch
-    from ngramspec.generate import generate
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.generate import generate
+    from ngramspec.engine.sampling import SamplingParams
 
     engine = make_engine(SpecConfig(types=("ngram-mod", "ngram-simple")), n_seq=2, n_ctx=2048)
     recs = [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS * 2)]
@@ -135,7 +135,7 @@ def write_input(path, records):
 
 
 def cli(*args):
-    return [sys.executable, "-c", "from ngramspec.cli import run; run()", "batch", *args]
+    return [sys.executable, "-c", "from ngramspec.cli.main import run; run()", "batch", *args]
 
 
 def read_output(path):
@@ -145,7 +145,8 @@ def read_output(path):
 @pytest.mark.model
 def test_api_loads_with_the_commands_default_speculation(monkeypatch):
     """`batch(path, ...)` without `spec` loads the model with what `ngramspec batch` uses."""
-    from ngramspec import flags
+    from ngramspec.settings import flags
+    from ngramspec.engine import flag_values
     from ngramspec.batch import api
 
     seen = {}
@@ -157,12 +158,12 @@ def test_api_loads_with_the_commands_default_speculation(monkeypatch):
     monkeypatch.setattr(api.EngineRunner, "load", staticmethod(load))
     with pytest.raises(RuntimeError):
         next(api.batch(None, [], parallel=2))
-    command = flags.engine_settings(flags.defaults("batch"), n_seq=2)
+    command = flag_values.engine_settings(flags.defaults("batch"), n_seq=2)
     assert seen["settings"].spec == command.spec and seen["settings"].n_seq == 2
 
 
 def test_bad_records_get_error_lines_and_the_job_goes_on(tmp_path):
-    from ngramspec.cli import main
+    from ngramspec.cli.main import main
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_input(inp, [{"id": "ok-1", "prompt": PROMPTS[0]}, "{this is not json",
@@ -235,7 +236,7 @@ def test_resume_after_sigkill(tmp_path):
     ("hello\n{}\n", [], "line 1 is not a batch result"),
 ])
 def test_command_refuses_bad_use_before_loading_the_model(tmp_path, setup, args, message):
-    from ngramspec.cli import main
+    from ngramspec.cli.main import main
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_input(inp, [{"id": 1, "prompt": "x"}])
@@ -272,7 +273,7 @@ class _FakeEngine:
         self.clock, self.script, self.n = clock, script, 0
 
     def step(self, seqs):
-        from ngramspec.engine import StepOutput
+        from ngramspec.engine.engine import StepOutput
 
         k, acc = self.script(self.n)
         self.n += 1
@@ -319,7 +320,7 @@ def test_records_take_the_other_samplers(tmp_path):
     """A record's DRY and XTC settings are applied (seeded text differs from the
     same record without them, and equals the same record run again); a bad value is an
     error record."""
-    from ngramspec.cli import main
+    from ngramspec.cli.main import main
 
     inp, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     base = {"prompt": PROMPTS[0], "n_predict": 24, "temperature": 0.9, "seed": 4}

@@ -19,7 +19,7 @@ OPEN = "Describe a walk through a city market in the early morning."
 
 
 def _load(threads):
-    from ngramspec.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import EngineSettings, load_engine
 
     return load_engine(EngineSettings(n_ctx=1024, threads=threads,
                                       spec=SpecConfig(types=("auto",), policy="cost")))
@@ -29,11 +29,11 @@ def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkey
     """First start: nothing measured (the default curve); the curve the run learns is
     cached after CostPolicy.SAVE_AFTER decodes; later starts reuse it and never rewrite
     it."""
-    from ngramspec.cost import cache_path
-    from ngramspec.generate import generate
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.spec.cost import cache_path
+    from ngramspec.engine.generate import generate
+    from ngramspec.engine.sampling import SamplingParams
 
-    from ngramspec.policy import CostPolicy
+    from ngramspec.spec.policy import CostPolicy
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 24)  # a short generation is enough here
@@ -55,8 +55,8 @@ def test_a_slower_machine_is_picked_up_within_a_run(threads):
     decodes (no re-measurement)."""
     import numpy as np
 
-    from ngramspec.generate import generate
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.generate import generate
+    from ngramspec.engine.sampling import SamplingParams
 
     engine = _load(threads)
     real, took = engine.ctx.decode, []

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ngramspec.cli import main
+from ngramspec.cli.main import main
 
 STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
 
@@ -117,7 +117,7 @@ def test_bench_draft_model_type_measures_the_draft_model(tmp_path):
     """`bench --spec-type draft-simple -md X` runs the draft model (it used to measure
     spec-off: the draft type adds no n-gram drafter, so no drafter was attached), and
     its output equals spec-off's; without -md it is refused with one line."""
-    from ngramspec.model import default_model_path
+    from ngramspec.llama.model import default_model_path
 
     prompt = tmp_path / "p.txt"
     prompt.write_text("Write a short story about a lighthouse keeper.")

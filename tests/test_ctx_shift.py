@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from ngramspec.config import SpecConfig, parse_spec_types
-from ngramspec.sampling import SamplingParams
+from ngramspec.settings.config import SpecConfig, parse_spec_types
+from ngramspec.engine.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 
 pytestmark = pytest.mark.model

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ngramspec import NgramModParams, SpecConfig, synth
-from ngramspec.generate import generate
-from ngramspec.sampling import SamplingParams
+from ngramspec import NgramModParams, SpecConfig
+from ngramspec.engine import synth
+from ngramspec.engine.generate import generate
+from ngramspec.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,8 +28,8 @@ WARM = SamplingParams(temperature=0.9, top_k=40, seed=7)
 
 @pytest.fixture(scope="module")
 def draft(model, threads):
-    from ngramspec.draft_model import DraftModelDrafter
-    from ngramspec.model import Context, ContextParams
+    from ngramspec.spec.draft_model import DraftModelDrafter
+    from ngramspec.llama.context import Context, ContextParams
 
     dctx = Context(model, ContextParams(n_ctx=4096, n_threads=threads, batch_invariant=False))
     return DraftModelDrafter(model, dctx, n_max=8)

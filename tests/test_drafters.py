@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ngramspec import HashPool, NgramMapParams, NgramModParams, SpecConfig
-from ngramspec.drafters import (DrafterChain, NgramMapK, NgramMapK4V, NgramMod, NgramSimple,
+from ngramspec.spec.drafters import (DrafterChain, NgramMapK, NgramMapK4V, NgramMod, NgramSimple,
                                 dominant, value_counts)
 
 
@@ -319,7 +319,7 @@ def test_index_collision_is_verified_before_drafting():
 
 def test_mod_in_a_saturated_pool_only_proposes():
     # 1024 slots, thousands of n-grams: drafts may be wrong but the replay stays exact
-    from ngramspec.replay import replay
+    from ngramspec.bench.replay import replay
     rng = np.random.default_rng(1)
     toks = rng.integers(0, 30, 3000).astype(np.int32)
     cfg = SpecConfig(types=("ngram-mod",), pool_bytes=1 << 13,
@@ -359,7 +359,7 @@ def test_chain_applies_draft_max_and_draft_min():
 def test_stats_lines_have_llama_cpp_shape():
     s = DrafterChain(SpecConfig(types=("ngram-mod",))).stats["ngram-mod"]
     s.n_gen_tokens, s.n_acc_tokens = 297, 171
-    from ngramspec.stats import acceptance_line
+    from ngramspec.spec.stats import acceptance_line
     assert acceptance_line(171, 297) == \
         "draft acceptance rate = 0.57576 (  171 accepted /   297 generated)"
     assert s.line().startswith("statistics ngram_mod: #calls(b,g,a) = 0 0 0, #gen drafts = 0")

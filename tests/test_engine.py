@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from ngramspec import SPEC_TYPES, NgramModParams, SpecConfig
-from ngramspec.generate import generate
+from ngramspec.engine.generate import generate
 from ngramspec.errors import ConfigError
-from ngramspec.model import ContextOverflow
-from ngramspec.sampling import SamplingParams, json_grammar
+from ngramspec.llama.model import ContextOverflow
+from ngramspec.engine.sampling import SamplingParams, json_grammar
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "fixtures" / "prompts").glob("*.txt"))
@@ -179,8 +179,8 @@ def test_speculative_sampling_preserves_the_target_distribution(make_engine):
 def test_draft_model_drafts_when_ngrams_have_nothing(model, make_engine, threads):
     # the embedded model as its own draft model: n-gram chain first, draft model after;
     # greedy output is unchanged and the draft model's drafts are all accepted
-    from ngramspec.draft_model import DraftModelDrafter
-    from ngramspec.model import Context, ContextParams
+    from ngramspec.spec.draft_model import DraftModelDrafter
+    from ngramspec.llama.context import Context, ContextParams
 
     dctx = Context(model, ContextParams(n_ctx=4096, n_threads=threads))
     dd = DraftModelDrafter(model, dctx, n_max=4)
@@ -197,8 +197,8 @@ def test_draft_model_with_another_vocabulary_is_refused():
     # vocabulary check on two stand-in models with different sizes / pieces
     from types import SimpleNamespace
 
-    from ngramspec.draft_model import check_same_vocab
-    from ngramspec.model import ModelError
+    from ngramspec.spec.draft_model import check_same_vocab
+    from ngramspec.llama.model import ModelError
 
     def fake(n, salt=b""):
         return SimpleNamespace(n_vocab=n, path=f"m{n}{salt!r}.gguf",

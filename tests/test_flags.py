@@ -1,4 +1,4 @@
-"""llama-server's command line on `ngramspec serve` (ngramspec/flags.py).
+"""llama-server's command line on `ngramspec serve` (ngramspec/settings/flags.py).
 
 Mostly model-free: flags are parsed with click (`make_context`, nothing runs), and
 the app runs in-process on a fake engine (`create_app(engine_factory=...)`). Two
@@ -21,9 +21,10 @@ import pytest
 from click.testing import CliRunner
 from server_stop import sigterm_seconds
 
-from ngramspec import flags
-from ngramspec.cli import main
-from ngramspec.config import SpecConfig
+from ngramspec.settings import flags
+from ngramspec.settings import click_options
+from ngramspec.cli.main import main
+from ngramspec.settings.config import SpecConfig
 from ngramspec.errors import ConfigError
 from ngramspec.server.command import bind, serve
 from ngramspec.server.settings import ServerSettings, from_flags
@@ -86,7 +87,7 @@ def test_values_reach_settings():
     v = parse("--alias", "tinyllama-2, other", "--tags", "a,b", "--host", "127.0.0.1,::1",
               "--api-key", "k1,k2", "-c", "512", "-np", "2", "-n", "64", "--temp", "0",
               "-s", "42", "--no-cache-prompt", "-ngl", "99", "--slots", "--metrics")
-    flags.pop_unused(v)
+    click_options.pop_unused(v)
     s = from_flags(v)
     # llama-server keeps aliases and tags in a std::set: sorted, the first is the id
     assert s.alias == ("other", "tinyllama-2") and s.model_id("file.gguf") == "other"
@@ -119,16 +120,16 @@ def test_unused_flag_warns_once_and_serve_goes_on():
 def test_noop_flags_are_silent():
     ctx = serve.make_context("serve", ["--offline", "--cont-batching", "--no-webui",
                                        "--threads-http", "4", "--swa-full", "-bs"], obj={})
-    assert flags.warnings_for(ctx, "serve", dict(ctx.params)) == []
+    assert click_options.warnings_for(ctx, "serve", dict(ctx.params)) == []
 
 
 def test_draft_spec_types_need_md():
     v = parse("--spec-type", "draft-simple")
-    flags.pop_unused(v)
+    click_options.pop_unused(v)
     with pytest.raises(ConfigError, match="-md/--model-draft"):
         from_flags(v)
     v = parse("--spec-type", "draft-simple", "-md", "d.gguf")
-    flags.pop_unused(v)
+    click_options.pop_unused(v)
     s = from_flags(v)
     assert s.spec.types == () and s.model_draft == "d.gguf"  # only the draft model drafts
     r = CliRunner().invoke(main, ["generate", "-p", "x", "--spec-type", "draft-mtp"], obj={})
@@ -144,14 +145,14 @@ def test_bad_values_are_usage_errors():
 
 def test_commands_do_not_import_each_other():
     code = ("import sys; import ngramspec.server.command, ngramspec.batch.command; "
-            "print('ngramspec.cli' in sys.modules)")
+            "print('ngramspec.cli.main' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)})
     assert out.stdout.strip() == "False", out.stderr
 
 
 def test_context_params_keep_exactness():
-    from ngramspec.runtime import LoadOptions, context_params
+    from ngramspec.engine.runtime import LoadOptions, context_params
 
     opts = LoadOptions(n_batch=32, n_ubatch=16, flash_attn="off", kv_unified=True)
     cp, notes = context_params(512, 2, 2, opts, batch_invariant=True)
@@ -218,7 +219,7 @@ def fake_engine(n_ctx: int = 512):
     model = SimpleNamespace(path=Path("/models/fake.gguf"), n_vocab=100, n_ctx_train=2048,
                             chat_template=None, bos_text="", eos_text="")
     ctx = SimpleNamespace(n_ctx=n_ctx, params=SimpleNamespace(n_threads=1))
-    from ngramspec.engine import Engine
+    from ngramspec.engine.engine import Engine
 
     fake = SimpleNamespace(model=model, ctx=ctx, spec=SpecConfig(), draft_drafter=None,
                            pool=SimpleNamespace(nbytes=1 << 20), reusable_prefix=lambda *a: 0)
@@ -385,15 +386,15 @@ def test_fa_spellings_of_llama_cpp():
     for value, want in (("on", "on"), ("enabled", "on"), ("0", "off"), ("false", "off"), ("auto", "auto")):
         assert ServerSettings(flash_attn=value).flash_attn == want
         v = parse("-fa", value)
-        flags.pop_unused(v)
+        click_options.pop_unused(v)
         assert from_flags(v).flash_attn == want
 
 
 def test_bench_parallel_passes_load_spec_and_draft_flags_to_both_servers(monkeypatch, tmp_path):
     """`bench --parallel` hands the load, -md and spec flags the user gave to ngramspec's
     server and (without ngramspec's own flags) to llama-server."""
-    from ngramspec import pipeline_bench
-    from ngramspec.cli import main
+    from ngramspec.bench import pipeline as pipeline_bench
+    from ngramspec.cli.main import main
 
     seen = {}
 

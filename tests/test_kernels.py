@@ -31,14 +31,15 @@ OFF = {"NGRAMSPEC_OWN_HEAD": "0", "NGRAMSPEC_OWN_ATTENTION": "0", "NGRAMSPEC_OWN
 PROBE = """
 import json, sys
 import llama_cpp
-from ngramspec import kernels
-from ngramspec.kernels import guard
+from ngramspec.llama import kernels
+from ngramspec.llama.kernels import guard
 {patch}
-from ngramspec.model import Context, ContextParams, Model
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.llama.model import Model
 states = kernels.states()
 ctx = Context(Model(), ContextParams(n_ctx=512, n_batch=64))
 rows = ctx.decode([(0, [2, 100, 200, 300], 0, True)])
-print(json.dumps({{"states": states, "context": ctx.kernel_state(), "mode": ctx.cell_mode,
+print(json.dumps({{"states": states, "context": ctx.kernels.state(), "mode": ctx.kernels.cell_mode,
                   "logit": float(ctx.logits_at(rows[0][-1])[0])}}))
 """
 
@@ -85,7 +86,7 @@ def test_doctor_text_names_every_kernel():
 
 def test_no_compiler_is_said_once_remembered_and_retried_by_setup(tmp_path):
     from kernel_toggle import require
-    from ngramspec.kernels import KERNELS, attention
+    from ngramspec.llama.kernels import KERNELS, attention
 
     require(attention.KERNEL)  # where the kernels can be built at all
     n = sum(len(k.candidates()) for k in KERNELS)  # libraries: kernels x variants this CPU runs
@@ -98,16 +99,16 @@ def test_no_compiler_is_said_once_remembered_and_retried_by_setup(tmp_path):
     _all_off(out2, "failed before")
     assert "did not compile" not in err2  # remembered: not compiled again, not said again
     assert out2["logit"] == out["logit"]
-    p = _run(["-m", "ngramspec.kernels", "build"], env=env, cache=tmp_path)  # setup's step
+    p = _run(["-m", "ngramspec.llama.kernels", "build"], env=env, cache=tmp_path)  # setup's step
     assert p.returncode == 0 and p.stdout.count(": not built, its compilation failed (") == n
     assert p.stderr.count("did not compile") == n  # tried again, and said again
-    p = _run(["-m", "ngramspec.kernels", "build"], cache=tmp_path)  # a compiler: built
+    p = _run(["-m", "ngramspec.llama.kernels", "build"], cache=tmp_path)  # a compiler: built
     assert p.returncode == 0 and p.stdout.count(": built (") == n, p.stdout + p.stderr
 
 
 def test_a_cache_folder_that_cannot_be_written(tmp_path):
     from kernel_toggle import require
-    from ngramspec.kernels import attention
+    from ngramspec.llama.kernels import attention
 
     require(attention.KERNEL)
     blocked = tmp_path / "file"
@@ -139,8 +140,8 @@ def test_a_device_besides_the_cpu():
 
 def test_device_policy_keeps_every_node_on_the_cpu_or_refuses(monkeypatch):
     from ngramspec.errors import ConfigError
-    from ngramspec.kernels import guard
-    from ngramspec.runtime import device_policy
+    from ngramspec.llama.kernels import guard
+    from ngramspec.engine.runtime import device_policy
 
     assert device_policy(99, True) == (True, None)  # a CPU build: -ngl changes nothing
     monkeypatch.setattr(guard, "devices", lambda: [("CPU", "CPU"), ("Vulkan0", "GPU")])
@@ -156,7 +157,7 @@ def test_the_layouts_of_this_build_pass_and_a_wrong_struct_size_is_caught():
     import dataclasses
 
     import llama_cpp  # noqa: F401
-    from ngramspec.kernels import attention, guard, kernel
+    from ngramspec.llama.kernels import attention, guard, kernel
     from kernel_toggle import require
 
     require(attention.KERNEL)
@@ -173,17 +174,17 @@ def test_a_slot_restored_into_another_kernel_mode_is_evaluated_again(tmp_path, m
     llama.cpp's: the file's cells are not reused, and the continuation equals a cold
     evaluation of the same prompt on that server."""
     from kernel_toggle import require
-    from ngramspec.kernels import attention
+    from ngramspec.llama.kernels import attention
     from test_slot_save import PROMPT, client, complete
 
     require(attention.KERNEL)
     with client(slot_save_path=str(tmp_path)) as c:
-        assert c.app.state.ngramspec.engine.ctx.cell_mode == "own-attention"
+        assert c.app.state.ngramspec.engine.ctx.kernels.cell_mode == "own-attention"
         complete(c, PROMPT, 1)
         assert c.post("/slots/1?action=save", json={"filename": "s.bin"}).status_code == 200
     monkeypatch.setenv("NGRAMSPEC_OWN_ATTENTION", "0")
     with client(slot_save_path=str(tmp_path)) as c:
-        assert c.app.state.ngramspec.engine.ctx.cell_mode == "llama.cpp"
+        assert c.app.state.ngramspec.engine.ctx.kernels.cell_mode == "llama.cpp"
         cold = complete(c, PROMPT, 1, cache_prompt=False)
         r = c.post("/slots/0?action=restore", json={"filename": "s.bin"})
         assert r.status_code == 200, r.text
@@ -233,10 +234,10 @@ def test_the_cost_key_names_what_the_matmul_takes():
     """A decode-cost curve learnt with the K-quant matmuls is not reused without them
     (NGRAMSPEC_OWN_KQUANT=0: the matmul hook takes Q5_0 alone, a different cost)."""
     from kernel_toggle import require
-    from ngramspec.kernels import matmul
+    from ngramspec.llama.kernels import matmul
 
     require(matmul.KERNEL)
-    probe = PROBE.replace("print(json.dumps({{", "from ngramspec.cost import _kernel_key\n"
+    probe = PROBE.replace("print(json.dumps({{", "from ngramspec.spec.cost import _kernel_key\n"
                           "print(json.dumps({{\"key\": _kernel_key(ctx), ")
     on, _ = _probe(probe_src=probe)
     off, _ = _probe(probe_src=probe, env={"NGRAMSPEC_OWN_KQUANT": "0"})

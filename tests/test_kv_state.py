@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from ngramspec import kv_state
+from ngramspec.llama import kv_state
 
 
 def words(*ws: int) -> bytes:
@@ -57,7 +57,7 @@ def test_the_allocator_threshold_is_pinned_on_glibc():
     import platform
     import sys
 
-    from ngramspec import allocator
+    from ngramspec.llama import allocator
 
     took = allocator.fix_mmap_threshold()  # the value every model load sets
     if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":

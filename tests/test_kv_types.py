@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 from ngramspec import NgramModParams, SpecConfig
-from ngramspec.engine import Engine
-from ngramspec.generate import generate
-from ngramspec.model import ContextParams
-from ngramspec.sampling import SamplingParams
-from ngramspec.twin import open_context
+from ngramspec.engine.engine import Engine
+from ngramspec.engine.generate import generate
+from ngramspec.llama.context import ContextParams
+from ngramspec.engine.sampling import SamplingParams
+from ngramspec.llama.twin import open_context
 from together import run_together
 
 pytestmark = pytest.mark.model

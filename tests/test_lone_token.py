@@ -14,15 +14,16 @@ import sys
 import numpy as np
 import pytest
 
-from ngramspec import NgramModParams, SpecConfig, ref_attention
-from ngramspec.corpus import documents
-from ngramspec.engine import Engine
-from ngramspec.generate import generate
-from ngramspec.gguf_types import matrix_types
-from ngramspec.model import Context, ContextParams
-from ngramspec.sampling import SamplingParams
-from ngramspec.twin import open_context
-from ngramspec.ubatch import invariant_violation, layout, lone_token_invariant, split
+from ngramspec import NgramModParams, SpecConfig
+from ngramspec.llama import ref_attention
+from ngramspec.bench.corpus import documents
+from ngramspec.engine.engine import Engine
+from ngramspec.engine.generate import generate
+from ngramspec.llama.gguf_types import matrix_types
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.engine.sampling import SamplingParams
+from ngramspec.llama.twin import open_context
+from ngramspec.llama.ubatch import invariant_violation, layout, lone_token_invariant, split
 
 QUANT = frozenset({"type8", "type12"})
 
@@ -191,7 +192,7 @@ def test_unpadded_slots_together_equal_each_alone(request, which, n_seq, kv, twi
     tokens of one stream in a ubatch, unpadded) give each document's text alone, spec-off."""
     from together import run_together
 
-    from ngramspec.twin import load_twin
+    from ngramspec.llama.twin import load_twin
 
     m = request.getfixturevalue("model" if which == "gemma" else "smollm2")
     twin = twin_model if which == "gemma" else load_twin(m.path)

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from ngramspec.errors import ConfigError
-from ngramspec.omp import on_passing_thread
+from ngramspec.llama.omp import on_passing_thread
 
 
 def test_passing_thread_returns_result_and_has_ended():
@@ -36,9 +36,10 @@ def test_passing_thread_raises_in_the_caller():
 def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
     """Whatever loading runs in llama.cpp (model loads, context creation, any decode)
     runs on threads that have ended when load_engine returns."""
-    from ngramspec.config import SpecConfig
-    from ngramspec.model import Context, Model
-    from ngramspec.runtime import EngineSettings, load_engine
+    from ngramspec.settings.config import SpecConfig
+    from ngramspec.llama.context import Context
+    from ngramspec.llama.model import Model
+    from ngramspec.engine.runtime import EngineSettings, load_engine
 
     loaders = set()
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec.kernels import HookArgs
-from ngramspec.kernels import attention as own_attention
-from ngramspec.model import Context, ContextParams
+from ngramspec.llama.kernels import HookArgs
+from ngramspec.llama.kernels import attention as own_attention
+from ngramspec.llama.context import Context, ContextParams
 from kernel_toggle import TEXT, filled_context, logits, require
 
 pytestmark = pytest.mark.model
@@ -21,22 +21,22 @@ pytestmark = pytest.mark.model
 def ctx(model, threads):
     require(own_attention.KERNEL)
     c, toks = filled_context(model, threads, 3, 600, 9)
-    assert c.attention is not None and len(toks) > 700
+    assert c.kernels.get("attention") is not None and len(toks) > 700
     yield c, toks
     c.close()
 
 
 def _logits(ctx, entries, ours=True):
-    return logits(ctx, ctx.attention, entries, ours)
+    return logits(ctx, ctx.kernels.get("attention"), entries, ours)
 
 
 def test_every_attention_node_is_ours_and_a_row_does_not_depend_on_its_batch(ctx):
     c, toks = ctx
-    done = c.attention.n_done
+    done = c.kernels.get("attention").n_done
     draft = toks[600:616]
     alone = _logits(c, [(0, draft[:1], 600, True)])
-    assert c.attention.n_done - done == 18  # Gemma 3 270M: 18 layers, one ubatch
-    assert c.attention.n_declined == 0
+    assert c.kernels.get("attention").n_done - done == 18  # Gemma 3 270M: 18 layers, one ubatch
+    assert c.kernels.get("attention").n_declined == 0
     among = _logits(c, [(0, draft, 600, True)])
     crowd = _logits(c, [(0, draft, 600, True), (1, toks[650:653], 600, True),
                         (2, toks[700:701], 600, True)])
@@ -58,10 +58,10 @@ def test_values_stay_close_to_llama_cpps_kernel(ctx):
 
 def test_a_node_without_scratch_memory_fails_the_decode(ctx):
     c, toks = ctx
-    c.attention.hook.oom = 1  # as when reserving the scratch failed
+    c.kernels.get("attention").hook.oom = 1  # as when reserving the scratch failed
     with pytest.raises(MemoryError):
         _logits(c, [(0, toks[600:601], 600, True)])
-    assert c.attention.hook.oom == 0
+    assert c.kernels.get("attention").hook.oom == 0
     assert len(_logits(c, [(0, toks[600:601], 600, True)])) == 1  # the next decode is fine
 
 
@@ -70,7 +70,7 @@ def test_a_quantized_cache_is_left_to_llama_cpp(model, threads):
     c = Context(model, ContextParams(n_ctx=1024, n_threads=threads, type_k="q8_0", type_v="q8_0"))
     try:
         c.decode([(0, list(model.tokenize(TEXT))[:40], 0, True)])
-        assert c.attention.n_done == 0 and c.attention.n_declined >= 18
+        assert c.kernels.get("attention").n_done == 0 and c.kernels.get("attention").n_declined >= 18
     finally:
         c.close()
 
@@ -115,7 +115,7 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
 
     importlib.import_module("llama_cpp")  # loads ggml's libraries, which kernels.ggml finds
 
-    from ngramspec.kernels import ggml as native_lib
+    from ngramspec.llama.kernels import ggml as native_lib
     require(own_attention.KERNEL)
     hook, _ = own_attention.KERNEL.hook(HookArgs(0, 0, 1))
     libs, off = native_lib.ggml(), native_lib.tensor_offsets()
@@ -168,7 +168,7 @@ def test_a_node_matches_float64_attention_on_hand_written_arrays():
 def test_its_self_test_passes_and_a_failing_one_names_why():
     """The start-up self-test (grouping invariance and a float64 reference, in C) passes on
     this CPU; a library whose self-test fails is never used, with the reason."""
-    from ngramspec.kernels import build, kernel
+    from ngramspec.llama.kernels import build, kernel
 
     lib = require(own_attention.KERNEL)
     assert lib.ngs_attn_selftest() == 0 and own_attention.selftest(lib) is None

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec.kernels import head as own_head
-from ngramspec.model import Context, ContextParams
-from ngramspec.pipeline_bench import long_text
+from ngramspec.llama.kernels import head as own_head
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.bench.prompt_checks import long_text
 from kernel_toggle import require
 
 
@@ -57,7 +57,7 @@ def test_rows_bit_identical_to_llama_cpp(model, variant, monkeypatch):
     monkeypatch.setenv("NGRAMSPEC_KERNEL_VARIANT", variant)
     toks = list(model.tokenize(long_text(6000)))
     ours = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8))
-    assert ours.kernel_state()["head"]["variant"] == variant
+    assert ours.kernels.state()["head"]["variant"] == variant
     theirs = Context(model, ContextParams(n_ctx=1024 * 8, n_seq_max=8, own_head=False))
     try:
         assert ours.head is not None and ours.head.active  # Gemma's output layer is Q8_0

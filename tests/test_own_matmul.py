@@ -11,9 +11,9 @@ import ctypes as C
 import numpy as np
 import pytest
 
-from ngramspec.kernels import HookArgs
-from ngramspec.kernels import ggml as native_lib
-from ngramspec.kernels import matmul as own_matmul
+from ngramspec.llama.kernels import HookArgs
+from ngramspec.llama.kernels import ggml as native_lib
+from ngramspec.llama.kernels import matmul as own_matmul
 from kernel_toggle import filled_context, logits, require
 
 
@@ -28,7 +28,7 @@ def _need_kernel():
 def test_every_variant_equals_llama_cpps_vec_dot(variant):
     """Each instruction-set variant this CPU runs: its library says it is that variant and
     its self-test finds every value equal to the loaded llama.cpp's vec_dot."""
-    from ngramspec.kernels import build, kernel
+    from ngramspec.llama.kernels import build, kernel
 
     _need_kernel()
     if variant not in own_matmul.KERNEL.candidates():
@@ -113,19 +113,19 @@ def test_a_node_matches_float64_on_hand_written_arrays():
 def ctx(model, threads):
     _need_kernel()
     c, toks = filled_context(model, threads, 2, 300, 7)
-    assert c.matmul is not None and len(toks) > 500
+    assert c.kernels.get("matmul") is not None and len(toks) > 500
     yield c, toks
     c.close()
 
 
 def _logits(ctx, entries, ours=True):
-    return logits(ctx, ctx.matmul, entries, ours)
+    return logits(ctx, ctx.kernels.get("matmul"), entries, ours)
 
 
 @pytest.mark.model
 def test_every_q5_0_matmul_of_two_or_more_columns_is_ours_and_equals_llama_cpps(ctx):
     c, toks = ctx
-    h = c.matmul
+    h = c.kernels.get("matmul")
     for entries in ([(0, toks[300:316], 300, True)],
                     [(0, toks[300:350], 300, True), (1, toks[400:450], 300, True)]):
         done, declined = h.n_done, h.n_declined
@@ -143,7 +143,7 @@ def test_q4_k_and_q6_k_matmuls_are_ours_and_equal_llama_cpps(ctx):
     """attn_output (Q4_K) and ffn_down (Q4_K / Q6_K) of every layer are taken too; left to
     llama.cpp (the K-quant switch, read live by the C hook) the logits are the same bits."""
     c, toks = ctx
-    h = c.matmul
+    h = c.kernels.get("matmul")
     entries = [(0, toks[300:316], 300, True), (1, toks[400:405], 300, True)]
     done = h.n_done
     ours = _logits(c, entries)
@@ -162,18 +162,18 @@ def test_q4_k_and_q6_k_matmuls_are_ours_and_equal_llama_cpps(ctx):
 @pytest.mark.model
 def test_a_lone_column_stays_llama_cpps(ctx):
     c, toks = ctx
-    done, declined = c.matmul.n_done, c.matmul.n_declined
+    done, declined = c.kernels.get("matmul").n_done, c.kernels.get("matmul").n_declined
     _logits(c, [(0, toks[300:301], 300, True)])
-    assert c.matmul.n_done == done and c.matmul.n_declined - declined >= 4 * 18
+    assert c.kernels.get("matmul").n_done == done and c.kernels.get("matmul").n_declined - declined >= 4 * 18
 
 
 @pytest.mark.model
 def test_a_node_without_scratch_memory_fails_the_decode(ctx):
     c, toks = ctx
-    c.matmul.hook.oom = 1  # as when reserving the scratch failed
+    c.kernels.get("matmul").hook.oom = 1  # as when reserving the scratch failed
     with pytest.raises(MemoryError):
         _logits(c, [(0, toks[300:304], 300, True)])
-    assert c.matmul.hook.oom == 0
+    assert c.kernels.get("matmul").hook.oom == 0
     assert len(_logits(c, [(0, toks[300:304], 300, True)])) == 4  # the next decode is fine
 
 

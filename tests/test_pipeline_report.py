@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from ngramspec.cli import _print_pipeline
-from ngramspec.pipeline_bench import PipelineReport, RunResult
+from ngramspec.bench.pipeline_table import print_pipeline as _print_pipeline
+from ngramspec.bench.pipeline import PipelineReport, RunResult
 from ngramspec.server.launch import PeakPss, pss_kib, status_kib
 
 
@@ -63,8 +63,8 @@ def _r(server, mode, wall, rnd=0, slots=1, outputs=None, generated=320):
 
 
 def test_schedule_alternates_servers_and_runs_later_rounds_backward():
-    from ngramspec.pipeline_bench import schedule
-    from ngramspec.pipeline_bench import starter as PB_starter
+    from ngramspec.bench.pipeline import schedule
+    from ngramspec.bench.servers import starter as PB_starter
 
     plan = schedule(["off", "auto", "ngram-mod"], ["ngram-mod", "ngram-simple"], True, 3)
     names = [(r.server[0], r.mode) for r in plan[0]]
@@ -97,7 +97,9 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
     servers request by request, one runnable at a time, the cache check in round 0."""
     import subprocess
 
-    from ngramspec import pipeline_bench as PB
+    from ngramspec.bench import pipeline as PB
+    from ngramspec.bench import prompt_checks as PC
+    from ngramspec.bench import servers as S
 
     procs = {}  # url -> process; a row's own process gets its own url
 
@@ -106,13 +108,13 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
             p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
             url = f"http://{name}" if name not in procs else f"http://{name}/{len(procs)}"
             procs[url[7:]] = p
-            return PB.Started(url, p.pid, lambda: (p.terminate(), p.wait(10)))
+            return S.Started(url, p.pid, lambda: (p.terminate(), p.wait(10)))
         return start
 
     seen = []
 
     def fake_row(row, srv, docs, slots, n_predict, clients, earlier, off):
-        states = {p.pid: PB.process_state(p.pid) for p in procs.values() if p.poll() is None}
+        states = {p.pid: S.process_state(p.pid) for p in procs.values() if p.poll() is None}
         seen.append((srv.pid, states))
         if row.mode == "oracle":
             assert off is not None and off.mode == "off" and off.round == 0
@@ -123,15 +125,15 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
 
     def fake_speed(url):
         name = urls[url]
-        states = {n: PB.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
+        states = {n: S.process_state(p.pid) for n, p in procs.items() if p.poll() is None}
         # running: R, S, or D (a page fault waiting on the disk, as under load)
         assert states[name] in "RSD" and all(s == "T" for n, s in states.items() if n != name)
         asked.append(name)
         return {"prompt_n": 2000, "prompt_per_second": 100.0 + len(asked)}
 
     monkeypatch.setattr(PB, "time_row", fake_row)
-    monkeypatch.setattr(PB, "prompt_speed", fake_speed)
-    monkeypatch.setattr(PB, "cache_check", lambda url: {"cache": True})
+    monkeypatch.setattr(PC, "prompt_speed", fake_speed)
+    monkeypatch.setattr(PC, "cache_check", lambda url: {"cache": True})
     plan = PB.schedule(["off", "auto"], ["ngram-mod"], True, 2)
     rep = PB.PipelineReport()
     starters = {n: starter(n) for n in ("ngramspec", "llama-server:none", "llama-server:ngram-mod")}
@@ -142,7 +144,7 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
         assert all(s == "T" for n, s in states.items() if n != timed), states
     assert all(p.poll() is not None for p in procs.values())
     assert rep.checks["ngramspec"]["cache"] is True  # the cache check in round 0 only
-    n = PB.PROMPT_REQUESTS
+    n = PC.PROMPT_REQUESTS
     assert asked == (["ngramspec", "llama-server:none"] * n  # round 0 forward, round 1 backward
                      + ["llama-server:none", "ngramspec"] * n)
     assert rep.check_rounds == {"ngramspec": [99.0 + 2 * n, 100.0 + 4 * n],  # each one's best
@@ -151,7 +153,7 @@ def test_only_the_timed_server_runs_and_each_ends_after_its_last_row(monkeypatch
 
 
 def test_the_median_round_keeps_round_0s_peaks_and_identical_counts_every_round():
-    from ngramspec.pipeline_bench import median_run
+    from ngramspec.bench.pipeline import median_run
 
     runs = [replace(_r("ngramspec", "off", w, i), peak_rss_mib=p)
             for i, (w, p) in enumerate([(12.0, 500.0), (10.0, 510.0), (11.0, 520.0)])]

@@ -4,13 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
-from ngramspec.cost import AcceptanceStats, DecodeCost, Shape, best_length
-from ngramspec.drafters import DrafterChain, NgramSimple
-from ngramspec.planner import plan
-from ngramspec.policy import CostPolicy
-from ngramspec.pool import HashPool
-from ngramspec.replay import replay_batch
-from ngramspec.speculation import DraftOptions
+from ngramspec.spec.cost import AcceptanceStats, DecodeCost, Shape, best_length
+from ngramspec.spec.drafters import DrafterChain, NgramSimple
+from ngramspec.spec.planner import plan
+from ngramspec.spec.policy import CostPolicy
+from ngramspec.spec.pool import HashPool
+from ngramspec.bench.replay import replay_batch
+from ngramspec.spec.speculation import DraftOptions
 
 # measured on a 2-core CPU with Gemma 3 270M: per ubatch, per token, per logit row
 CPU4 = DecodeCost(0.013, 0.003, 0.0034, per_seq_streams=True)
@@ -92,7 +92,7 @@ def test_a_decode_holds_at_most_the_logit_buffer_cap():
     held by the other limits only."""
     from types import SimpleNamespace
 
-    from ngramspec.engine import LOGIT_BUFFER_MAX, Engine
+    from ngramspec.engine.engine import LOGIT_BUFFER_MAX, Engine
 
     def limits(n_vocab, n_seq, invariant=True, n_batch=512):
         ctx = SimpleNamespace(invariant=invariant, per_seq_streams=n_seq > 1, n_batch=n_batch,

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from ngramspec import SPEC_TYPES, ConfigError, HashPool, SpecConfig, TokenError, parse_spec_types
-from ngramspec.config import spec_config_from_options
-from ngramspec.drafters import DrafterChain, as_tokens
-from ngramspec.hashing import ngram_hash, ngram_hashes
+from ngramspec.settings.config import spec_config_from_options
+from ngramspec.spec.drafters import DrafterChain, as_tokens
+from ngramspec.spec.hashing import ngram_hash, ngram_hashes
 
 ALL = SpecConfig(types=SPEC_TYPES)
 

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from ngramspec import NgramMapParams, SpecConfig
-from ngramspec.corpus import documents, edit_prompt
-from ngramspec.engine import Engine
-from ngramspec.model import Context, ContextParams
-from ngramspec.twin import open_context
-from ngramspec.sampling import SamplingParams
+from ngramspec.bench.corpus import documents, edit_prompt
+from ngramspec.engine.engine import Engine
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.llama.twin import open_context
+from ngramspec.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)

@@ -16,9 +16,9 @@ from ngramspec.batch.previous import load_previous, with_previous
 from ngramspec.batch.progress import Tally, summary_table
 from ngramspec.batch.records import Record, parse_records, read_lines
 from ngramspec.batch.results import BatchResult
-from ngramspec.drafters.prediction import PredictionDrafter
+from ngramspec.spec.drafters.prediction import PredictionDrafter
 from ngramspec.errors import ConfigError
-from ngramspec.stats import timings
+from ngramspec.spec.stats import timings
 
 PROMPT = np.arange(1000, 1010, dtype=np.int32)
 
@@ -124,7 +124,7 @@ def test_timings_usage_and_summary_count_the_prediction():
 
 
 def test_bad_previous_file_is_one_line_before_the_model_loads(tmp_path):
-    from ngramspec.cli import main
+    from ngramspec.cli.main import main
 
     inp, out, prev = tmp_path / "in.jsonl", tmp_path / "out.jsonl", tmp_path / "prev.jsonl"
     inp.write_text('{"id": 1, "prompt": "x"}\n')
@@ -160,7 +160,7 @@ def test_rerun_with_previous_gives_the_cold_runs_text(make_engine, tmp_path, sam
     run's results as --previous: the same texts, and the prediction drafted."""
     from ngramspec import SpecConfig
     from ngramspec.batch import batch
-    from ngramspec.config import AUTO
+    from ngramspec.settings.config import AUTO
 
     engine = make_engine(SpecConfig().with_types(AUTO), n_seq=2, n_ctx=2048)
     extra = {"temperature": 0.8, "seed": 11} if sampling == "seeded" else {}
@@ -221,7 +221,7 @@ def test_server_reports_prediction_usage_and_keeps_the_text():
 def test_the_command_drafts_from_previous_and_reports_it(tmp_path):
     """`ngramspec batch --previous`: the earlier texts are read before the model loads,
     drafted from (result lines and the summary count them), the texts unchanged."""
-    from ngramspec.cli import main
+    from ngramspec.cli.main import main
 
     threads = os.environ.get("NGRAMSPEC_TEST_THREADS", "2")
     flags = ["-np", "2", "-c", "2048", "-n", "48", "-t", threads, "--spec-type", "none"]

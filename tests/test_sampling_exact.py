@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from ngramspec import NgramModParams, SpecConfig
-from ngramspec.generate import GenerationResponse, TokenOutput, stream_generate
-from ngramspec.sampling import SamplingParams, json_grammar
+from ngramspec.engine.generate import GenerationResponse, TokenOutput, stream_generate
+from ngramspec.engine.sampling import SamplingParams, json_grammar
 from together import run_together
 
 pytestmark = pytest.mark.model

@@ -7,8 +7,8 @@ import queue
 import numpy as np
 import pytest
 
-from ngramspec.config import SpecConfig
-from ngramspec.sampling import SamplingParams
+from ngramspec.settings.config import SpecConfig
+from ngramspec.engine.sampling import SamplingParams
 from ngramspec.jobs.scheduler import Job, Scheduler
 
 pytestmark = pytest.mark.model

@@ -309,7 +309,7 @@ def test_metrics(http):
 def test_metrics_count_each_drafters_proposals(http):
     """/metrics labels each drafter's drafts, draft tokens and accepted tokens (what
     `bench --parallel` reports per source); `drafter_counts` reads them back."""
-    from ngramspec.pipeline_bench import drafter_counts
+    from ngramspec.bench.pipeline import drafter_counts
 
     complete(http, FOX)
     text = http.get("/metrics").text

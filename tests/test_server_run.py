@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from ngramspec.generate import GenerationResponse
+from ngramspec.engine.generate import GenerationResponse
 from ngramspec.server.run import Run
 from ngramspec.jobs.scheduler import Event
 

@@ -4,7 +4,7 @@ test_slot_ctx_not_exceeded, a 249-token prompt in a 256-cell context with drafts
 failed with "llama_decode failed" once logit rows were rounded up to 4)."""
 import pytest
 
-from ngramspec.model import Context, ContextParams
+from ngramspec.llama.context import Context, ContextParams
 
 pytestmark = pytest.mark.model
 

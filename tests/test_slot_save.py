@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from ngramspec.config import SpecConfig, parse_spec_types
-from ngramspec.sampling import SamplingParams
+from ngramspec.settings.config import SpecConfig, parse_spec_types
+from ngramspec.engine.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 from ngramspec.server.slot_actions import valid_filename
-from ngramspec.twin import repack_is_safe
+from ngramspec.llama.twin import repack_is_safe
 
 PROMPT = ("Summarize the following notes in one sentence.\n"
           + "".join(f"Note {i}: the shipment of item {i * 7} arrived on day {i + 3}.\n"
@@ -54,7 +54,7 @@ def test_filenames_as_llama_cpp():
 def test_token_payload_is_llama_servers():
     import numpy as np
 
-    from ngramspec.slot_state import SlotFileError, pack, unpack
+    from ngramspec.engine.slot_state import SlotFileError, pack, unpack
 
     toks = np.array([2, 100, 7], np.int32)
     assert pack(toks).tolist() == [-1, 1, 3, 2, 100, 7, 0]  # NULL, version, n, tokens, 0 media

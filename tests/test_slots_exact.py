@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 from ngramspec import SpecConfig
-from ngramspec.corpus import documents
-from ngramspec.drafters import EMPTY
-from ngramspec.engine import Engine
-from ngramspec.model import Context, ContextParams
-from ngramspec.sampling import SamplingParams
+from ngramspec.bench.corpus import documents
+from ngramspec.spec.drafters import EMPTY
+from ngramspec.engine.engine import Engine
+from ngramspec.llama.context import Context, ContextParams
+from ngramspec.engine.sampling import SamplingParams
 from together import run_together
 
 pytestmark = pytest.mark.model
@@ -82,9 +82,9 @@ def test_many_slots_every_spec_type_equals_one_slot_spec_off(slots, threads):
     """Issue 12: the real server at 8 and 16 slots, 16 mixed real documents sent by as
     many concurrent clients, every spec type and auto: every output equals the same
     document's output from a 1-slot server with speculation off."""
-    from ngramspec.config import SPEC_TYPES
-    from ngramspec.corpus import interleave
-    from ngramspec.pipeline_bench import run_ngramspec
+    from ngramspec.settings.config import SPEC_TYPES
+    from ngramspec.bench.corpus import interleave
+    from ngramspec.bench.pipeline import run_ngramspec
 
     docs = interleave(documents(8, 6, 2))
     assert len(docs) == 16

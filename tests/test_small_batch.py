@@ -3,7 +3,7 @@ passes `--batch-size 16 --ctx-size 1024`; calibrating the cost model then wrote 
 scratch tokens into a 64-row llama_batch: "ValueError: NULL pointer access")."""
 import pytest
 
-from ngramspec.cost import calibrate_context, calibration_shapes, fits_batch
+from ngramspec.spec.cost import calibrate_context, calibration_shapes, fits_batch
 
 
 @pytest.mark.parametrize("n_batch", [2, 16, 64, 512])
@@ -19,7 +19,7 @@ def test_calibration_shapes_fit_the_batch(n_batch, per_seq_streams, n_seq):
 
 
 def test_oversized_decode_raises_before_touching_the_batch(model, threads):
-    from ngramspec.model import Context, ContextParams
+    from ngramspec.llama.context import Context, ContextParams
 
     ctx = Context(model, ContextParams(n_ctx=256, n_batch=64, n_threads=threads,
                                        batch_invariant=False))
@@ -36,11 +36,11 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
                                                         monkeypatch):
     """The router preset's flags (-c 1024 -b 16 -np 1): start-up probes, then a full
     calibration that runs every measurement (it used to crash only then); -b 1 too."""
-    from ngramspec.config import SpecConfig
-    from ngramspec.runtime import EngineSettings, LoadOptions, load_engine
+    from ngramspec.settings.config import SpecConfig
+    from ngramspec.engine.runtime import EngineSettings, LoadOptions, load_engine
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
-    from ngramspec.policy import CostPolicy
+    from ngramspec.spec.policy import CostPolicy
 
     engine = load_engine(EngineSettings(n_ctx=1024, threads=threads, spec=SpecConfig(policy="cost"),
                                         batch_invariant=invariant,

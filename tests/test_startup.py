@@ -25,7 +25,7 @@ def fake_package(tmp_path, monkeypatch):
 def test_embedded_model_is_hashed_once_per_file_version(fake_package):
     import os
 
-    from ngramspec.paths import embedded_model_path
+    from ngramspec.settings.paths import embedded_model_path
 
     gguf, calls = fake_package
     assert embedded_model_path() == str(gguf) and len(calls) == 1
@@ -41,8 +41,8 @@ def test_embedded_model_is_hashed_once_per_file_version(fake_package):
 
 
 def test_a_twin_that_fails_to_load_fails_the_load_and_leaves_no_thread(monkeypatch, threads):
-    from ngramspec import runtime
-    from ngramspec.model import ModelError
+    from ngramspec.engine import runtime
+    from ngramspec.llama.model import ModelError
 
     seen = []
 
@@ -62,8 +62,8 @@ def test_the_twin_loads_beside_the_main_model(monkeypatch, threads):
     """Both loads overlap: the twin's starts before the main model's ends."""
     import time
 
-    from ngramspec import runtime
-    from ngramspec.model import Model
+    from ngramspec.engine import runtime
+    from ngramspec.llama.model import Model
 
     if not runtime.repack_is_safe():
         pytest.skip("no prefill twin on this CPU")

@@ -12,8 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from ngramspec.model import ContextParams
-from ngramspec.twin import open_context
+from ngramspec.llama.context import ContextParams
+from ngramspec.llama.twin import open_context
 
 PROMPTS = (
     "class Stack:\n    def push(self, item):\n        self.items.append(item)\n" * 30,
@@ -94,9 +94,9 @@ def test_window_cache_gives_the_full_caches_logits(model, twin_model, threads):
 def test_context_shift_asks_for_a_full_size_cache(make_engine, model):
     """llama.cpp cannot shift a window-size cache (it would abort): a clear error instead;
     the server turns --swa-full on with --context-shift."""
-    from ngramspec.config import SpecConfig
+    from ngramspec.settings.config import SpecConfig
     from ngramspec.errors import ConfigError
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.sampling import SamplingParams
 
     engine = make_engine(SpecConfig(types=()))
     if engine.ctx.swa_span is None:
@@ -107,7 +107,7 @@ def test_context_shift_asks_for_a_full_size_cache(make_engine, model):
 
 
 def test_the_server_turns_swa_full_on_with_context_shift():
-    from ngramspec.runtime import context_params
+    from ngramspec.engine.runtime import context_params
     from ngramspec.server.settings import ServerSettings, engine_settings
 
     assert engine_settings(ServerSettings(context_shift=True)).options.swa_full is True

@@ -1,4 +1,4 @@
-"""The repacked prefill twin (ngramspec/twin.py): padding rule, CPU guard, and on the
+"""The repacked prefill twin (ngramspec/llama/twin.py): padding rule, CPU guard, and on the
 real model, that a prompt's cells move into the main context whole and come out the
 same whatever the chunking."""
 from __future__ import annotations
@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from ngramspec.model import TILED_PREFILL_MIN, Context, ContextParams
-from ngramspec import file_pages
-from ngramspec.twin import GEMM_ROWS, open_context, repack_is_safe, twin_pads
+from ngramspec.llama.context import TILED_PREFILL_MIN, ContextParams
+from ngramspec.llama import file_pages, seq_cells
+from ngramspec.llama.twin import GEMM_ROWS, open_context, repack_is_safe, twin_pads
 
 X86 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma avx512f\n"
 
@@ -31,12 +31,13 @@ def test_repack_only_on_avx2_cpus_that_do_not_advertise_amx():
 
 
 def test_no_repack_flag_reaches_the_load_options():
-    from ngramspec import flags
+    from ngramspec.settings import flags
+    from ngramspec.engine import flag_values
 
     kw = flags.defaults("serve")
-    assert flags.load_options(dict(kw)).repack is True
+    assert flag_values.load_options(dict(kw)).repack is True
     kw["repack"] = False
-    assert flags.load_options(kw).repack is False
+    assert flag_values.load_options(kw).repack is False
 
 
 @pytest.mark.model
@@ -58,7 +59,7 @@ def test_prompt_cells_move_whole_and_do_not_depend_on_the_chunking(model, twin_m
         assert src is ctx and ctx.positions(1)[1] == len(prompt) - 1
         assert ctx.twin.held[1] == len(prompt)  # the twin keeps them for the prompt cache
         logits.append(src.logits_at(rows[-1]).copy())
-        states.append(bytes(ctx.seq_state(1)))
+        states.append(bytes(seq_cells.read(ctx, 1)))
     assert states[0] == states[1] == states[2]
     assert (logits[0] == logits[1]).all() and (logits[0] == logits[2]).all()
     ctx.close()
@@ -105,8 +106,8 @@ def test_the_twin_maps_no_output_layer(twin_model, threads):
     computes no logits, so its mapping never holds the 170 MiB output layer)."""
     if twin_model is None:
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
-    from ngramspec.runtime import EngineSettings, load_engine
-    from ngramspec.sampling import SamplingParams
+    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.sampling import SamplingParams
 
     path = str(twin_model.path.resolve())
     before = set(_gguf_maps(path))
@@ -131,7 +132,7 @@ def _prefill(ctx, seq: int, prompt, chunk: int = 512, cached: int = 0):
     ctx.begin_prompt(seq, cached)
     for i in range(cached, len(prompt), chunk):
         src, rows = ctx.prefill(seq, prompt[i:i + chunk], i, last=i + chunk >= len(prompt))
-    return bytes(ctx.seq_state(seq)), src.logits_at(rows[-1]).copy()
+    return bytes(seq_cells.read(ctx, seq)), src.logits_at(rows[-1]).copy()
 
 
 @pytest.mark.model
@@ -146,7 +147,7 @@ def test_a_twin_that_grows_gives_the_cells_of_one_of_full_size(model, twin_model
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
     import numpy as np
 
-    import ngramspec.twin as T
+    import ngramspec.llama.twin as T
 
     text = "class Stack:\n    def push(self, x):\n        self.items.append(x)\n"
     prompt = model.tokenize(text * 110)
@@ -206,9 +207,9 @@ def test_the_twin_loads_without_the_vocabulary_and_computes_the_same_cells(model
     """load_twin reads no vocabulary (tokenizer "none" with as many dummy tokens,
     twin.no_vocab): the same embedding shape, and a prompt's cells byte-identical to
     those of a twin loaded with its vocabulary."""
-    from ngramspec.gguf_types import vocab_size
-    from ngramspec.model import Model, ModelError
-    from ngramspec.twin import load_twin, no_vocab
+    from ngramspec.llama.gguf_types import vocab_size
+    from ngramspec.llama.model import Model, ModelError
+    from ngramspec.llama.twin import load_twin, no_vocab
 
     if not repack_is_safe():
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
@@ -239,7 +240,7 @@ def test_vocab_size_reads_a_hand_written_header(tmp_path):
     None without a token list or for a file that is not GGUF."""
     import struct
 
-    from ngramspec.gguf_types import vocab_size
+    from ngramspec.llama.gguf_types import vocab_size
 
     def text(s: str) -> bytes:
         return struct.pack("<Q", len(s)) + s.encode()
@@ -264,13 +265,13 @@ def test_a_main_context_reserved_for_generation_splits_decodes_and_keeps_every_l
     (smaller window-size SWA streams) while prompt chunks keep the twin's 512: a decode
     of 8 sequences x 40 tokens then splits where a 512-token ubatch would not, and
     every logit row is bit-identical to the one-ubatch decode's."""
-    from ngramspec.twin import GENERATION_UBATCH, PrefillTwin
+    from ngramspec.llama.twin import GENERATION_UBATCH, PrefillTwin, TwinnedContext
 
     if twin_model is None:
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
     params = ContextParams(n_ctx=8 * 2048, n_seq_max=8, n_threads=threads)
     small = open_context(model, params, twin_model)
-    big = Context(model, params, twin=PrefillTwin(twin_model, params))
+    big = TwinnedContext(model, params, PrefillTwin(twin_model, params))
     text = model.tokenize("class Queue:\n    def put(self, item):\n        self.q.append(item)\n" * 30)
     try:
         assert (small.n_ubatch, small.prefill_chunk, big.n_ubatch) == (GENERATION_UBATCH, 512, 512)

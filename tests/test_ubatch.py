@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from ngramspec.ubatch import invariant_violation, pads_needed, split
+from ngramspec.llama.ubatch import invariant_violation, pads_needed, split
 
 
 def split_equal_tokenwise(lengths, n_ubatch):
@@ -104,7 +104,7 @@ def test_padding_always_yields_an_invariant_split(streams):
 
 
 def test_layout_evens_out_logit_rows():
-    from ngramspec.ubatch import layout
+    from ngramspec.llama.ubatch import layout
 
     one = layout([(0, 5, 5)], 512, False)  # single stream: a padding row with logits
     assert one.pads == {0: 1} and one.pad_logits == {0: 1} and one.logits == (6,)
@@ -124,7 +124,7 @@ def test_layout_evens_out_logit_rows():
 def test_layout_rounds_logit_rows_to_the_sgemm_quantum():
     """With 32 vector registers (AVX-512) llamafile's sgemm takes 4 logit columns per
     pass over the output layer: a ragged count (5-7, 9-11, ...) is padded up."""
-    from ngramspec.ubatch import layout, ragged
+    from ngramspec.llama.ubatch import layout, ragged
 
     assert [n for n in range(1, 14) if ragged(n, 4)] == [5, 6, 7, 9, 10, 11, 13]
     assert [n for n in range(1, 8) if ragged(n, 2)] == [3, 5, 7]
@@ -140,7 +140,7 @@ def test_layout_rounds_logit_rows_to_the_sgemm_quantum():
 
 def test_logit_padding_stays_inside_the_slot():
     """Near the end of a slot's cells there is no room for padding rows: priced, not padded."""
-    from ngramspec.ubatch import layout
+    from ngramspec.llama.ubatch import layout
 
     assert layout([(0, 5, 5)], 512, False, quantum=4, room=3).logits == (8,)
     assert layout([(0, 5, 5)], 512, False, quantum=4, room=2).pads == {}

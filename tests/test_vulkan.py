@@ -1,6 +1,6 @@
-"""A llama.cpp build with a GPU backend (issue 43): scripts/vulkan_check.sh builds
+"""A llama.cpp build with a GPU backend (issue 43): tests/vulkan_check.sh builds
 llama-cpp-python with GGML_VULKAN=ON (first run: 20-40 min on 2 cores) and runs
-scripts/vulkan_run.py on Mesa's software Vulkan driver: the device seen, every kernel
+tests/vulkan_run.py on Mesa's software Vulkan driver: the device seen, every kernel
 off with its reason, -ngl 0 spec-on == spec-off (1 and 4 slots), -ngl 99 refused in one
 line (docs/exactness.md, "Builds with a GPU backend")."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_a_vulkan_build_runs_exact_on_the_cpu_or_refuses():
     if shutil.which("apt-get") is None and shutil.which("glslc") is None:
         pytest.skip("no glslc and no apt-get to install it")
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "vulkan_check.sh")], capture_output=True,
+    p = subprocess.run(["bash", str(ROOT / "tests" / "vulkan_check.sh")], capture_output=True,
                        text=True, cwd=ROOT, timeout=4 * 3600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     report = json.loads(p.stdout.strip().splitlines()[-1])

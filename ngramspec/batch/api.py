@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Iterator
 
-from ..config import AUTO, SpecConfig
-from ..sampling import SamplingParams
+from ..settings.config import AUTO, SpecConfig
+from ..engine.sampling import SamplingParams
 from .previous import load_previous, with_previous
 from .records import parse_records
 from .results import BatchResult, in_order
@@ -34,8 +34,8 @@ def batch(engine_or_path: Any, records: Iterable[dict | str], parallel: int = 4,
     `sampling`, `n_predict`: defaults of records that do not set them (greedy, 256).
     `spec`: the loaded model's speculation (None: auto, as the command's default).
     `previous`: results files of earlier runs, as `ngramspec batch --previous`."""
-    from ..engine import Engine
-    from ..runtime import EngineSettings
+    from ..engine.engine import Engine
+    from ..engine.runtime import EngineSettings
 
     defaults = Defaults(sampling or SamplingParams(temperature=0.0), n_predict, cache_prompt)
     texts = load_previous(list(previous))  # before the model loads: a bad file stops here

@@ -10,17 +10,18 @@ from typing import Any
 
 import click
 
-from .. import flags
+from ..settings import click_options
+from ..engine import flag_values
 from ..console import err_console
 from ..errors import ConfigError
 
 
-@click.command(context_settings=flags.CONTEXT_SETTINGS)
+@click.command(context_settings=click_options.CONTEXT_SETTINGS)
 @click.argument("input_path", metavar="INPUT",
                 type=click.Path(exists=True, dir_okay=False, allow_dash=True))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
               help="JSONL results, appended as records finish; re-running skips ids already there")
-@flags.options("batch")
+@click_options.options("batch")
 @click.option("--ordered", is_flag=True, help="write OUTPUT in INPUT order (default: as finished)")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="auto", default=None,
               metavar="[ADDRESS]", help="spread records over a Ray cluster (pip install "
@@ -70,8 +71,8 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
-    defaults = Defaults(flags.sampling_from_values(kw), n_predict, kw.pop("cache_prompt"))
-    load = dict(settings=flags.engine_settings(kw, n_seq=parallel, verbose=verbose),
+    defaults = Defaults(flag_values.sampling_from_values(kw), n_predict, kw.pop("cache_prompt"))
+    load = dict(settings=flag_values.engine_settings(kw, n_seq=parallel, verbose=verbose),
                 defaults=defaults)
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
@@ -125,7 +126,7 @@ def _backend(load: dict, ray_address: str | None, actors: int | None, chunk_size
 
         with err_console.status("loading model ..."):
             runner = EngineRunner.load(**load, notify=lambda line: err_console.print(line))
-        err_console.print(runner.engine.ctx.kernel_line(), markup=False)
+        err_console.print(runner.engine.ctx.kernels.line(), markup=False)
         return runner
     try:
         from .ray_backend import RayPool

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .results import BatchResult
 from .speed import SpeedStats
-from ..stats import tokens_per_step
+from ..spec.stats import tokens_per_step
 
 
 @dataclass

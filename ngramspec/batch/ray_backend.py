@@ -62,7 +62,7 @@ class BatchWorker:
     def kernels(self) -> tuple[str, str]:
         """(cell mode, kernel line) of this actor's engine."""
         ctx = self.runner.engine.ctx
-        return ctx.cell_mode, ctx.kernel_line()
+        return ctx.kernels.cell_mode, ctx.kernels.line()
 
 
 @dataclass

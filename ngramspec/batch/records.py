@@ -24,8 +24,9 @@ from typing import Any, Iterable, Iterator
 
 from pydantic import ConfigDict, Field, StrictInt, StrictStr, ValidationError
 
-from .. import strict_json
+from ..settings import strict_json
 from ..errors import ConfigError, validation_message
+from ..jobs.build import one_grammar
 from ..jobs.types import ChatMessage, Int32, OtherSamplers, Prediction, SpeculativeParams
 
 
@@ -139,6 +140,8 @@ def _parse_one(index: int, line: int, raw: Any, owner: dict[str, int]) -> Record
     if (body.prompt is None) == (body.messages is None):
         return bad("invalid_request_error", "a record needs exactly one of 'prompt' and "
                                             "'messages'", rid)
-    if body.grammar is not None and body.json_schema is not None:
-        return bad("invalid_request_error", "use only one of 'grammar' and 'json_schema'", rid)
+    try:
+        one_grammar(body)
+    except ConfigError as e:
+        return bad("invalid_request_error", str(e), rid)
     return Record(index, line, body)

@@ -20,15 +20,13 @@ import queue
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Iterator
 
-from ..config import SpecConfig
 from ..errors import ConfigError
-from ..model import ContextOverflow
-from ..sampling import SamplingParams, schema_grammar, seed_or_random
+from ..engine.sampling import SamplingParams, seed_or_random
 from ..jobs.chat import chat_prompt
-from ..jobs.prediction import prediction_tokens
+from ..jobs.build import JobDefaults, build_job, grammar_of
 from ..jobs.samplers import other_samplers
-from ..jobs.scheduler import Event, Job, Scheduler, output_budget
-from ..stats import calibration_line
+from ..jobs.scheduler import Event, Job, Scheduler
+from ..spec.stats import calibration_line
 from .records import BadRecord, Record
 from .results import BatchResult
 from .speed import SpeedStats, StepTimer
@@ -71,7 +69,7 @@ class EngineRunner:
              notify: Callable[[str], None] = lambda line: None) -> "EngineRunner":
         """Load the engine of `settings` (runtime.EngineSettings); its n_seq sequences
         are the slots."""
-        from ..runtime import load_engine
+        from ..engine.runtime import load_engine
 
         return cls(load_engine(settings, notify), settings.n_seq, defaults)
 
@@ -139,42 +137,23 @@ class EngineRunner:
                            r.timings(), r.tokens_per_step)
 
     def _job(self, rec: Record, run: _Running, events: queue.Queue) -> Job:
-        """The scheduler job of a record (raises what is wrong with it)."""
+        """The scheduler job of a record (raises what is wrong with it): the server's
+        path (`jobs.build.build_job`) with the command's defaults."""
         b, model = rec.body, self.engine.model
         text = chat_prompt(model, b.messages) if b.messages is not None else b.prompt
         if not text:
             raise ConfigError("the prompt is empty")
         tokens = model.tokenize(text, add_special=True, parse_special=True)
-        if len(tokens) >= self.n_ctx_slot:
-            raise ContextOverflow(len(tokens), self.n_ctx_slot)
-        room = self.n_ctx_slot - len(tokens)
-        want = self.defaults.n_predict if b.n_predict is None else b.n_predict
-        prediction = prediction_tokens(model, b.prediction)
-        speculative, spec = self._speculation(b, prediction is not None)
-        n_predict, truncated = output_budget(want, room)
-        job = Job(prompt=tokens, sampling=self._sampling(b), n_predict=n_predict,
-                  speculative=speculative, spec=spec, stop=b.stop_list(), sink=lambda ev: None,
-                  truncate_at_length=truncated, cache_prompt=self.defaults.cache_prompt,
-                  prediction=prediction)
+        defaults = JobDefaults(self.n_ctx_slot, self.defaults.n_predict, self.engine.spec,
+                               self.defaults.cache_prompt)
+        job = build_job(self.engine, defaults, b, tokens, lambda: self._sampling(b),
+                        lambda ev: None, n_predict=b.n_predict)
         job.sink = self._sink(run, events, job.id)
         return job
 
     def _sampling(self, b) -> SamplingParams:
         s = self.defaults.sampling
-        grammar = s.grammar
-        if b.grammar is not None:
-            grammar = b.grammar
-        elif b.json_schema is not None:
-            grammar = schema_grammar(b.json_schema or {"type": "object"})
         seed = s.seed if b.seed is None else seed_or_random(b.seed)
         temperature = s.temperature if b.temperature is None else b.temperature
-        return replace(s, temperature=temperature, seed=seed, grammar=grammar,
+        return replace(s, temperature=temperature, seed=seed, grammar=grammar_of(b) or s.grammar,
                        **other_samplers(s, b, self.n_ctx_slot))
-
-    def _speculation(self, b, prediction: bool) -> tuple[bool, SpecConfig | None]:
-        """(speculate?, the record's SpecConfig or None for the engine's) as the server does:
-        a record's prediction drafts even where its spec types are off."""
-        base = cfg = self.engine.spec
-        if b.speculative is not None:
-            cfg = b.speculative.apply(base, self.engine.draft_drafter is not None)
-        return self.engine.speculates(cfg, True, prediction), (None if cfg == base else cfg)

@@ -71,7 +71,7 @@ def builtin_templates() -> tuple[str, ...]:
     """Names of llama.cpp's built-in chat templates."""
     import ctypes
 
-    from ..model import _llama
+    from ..llama.backend import _llama
 
     lc = _llama()
     n = lc.llama_chat_builtin_templates(None, 0)
@@ -85,7 +85,7 @@ def render_builtin(template: str, messages: list[dict]) -> str:
     name, or of a template source it recognises; ConfigError if it recognises none."""
     import ctypes
 
-    from ..model import _llama
+    from ..llama.backend import _llama
 
     lc = _llama()
     keep = [(m["role"].encode(), m["content"].encode()) for m in messages]

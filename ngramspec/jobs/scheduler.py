@@ -40,12 +40,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..config import SpecConfig
-from ..engine import Engine, SeqState, StepOutput
+from ..settings.config import SpecConfig
+from ..engine.engine import Engine, SeqState, StepOutput
 from ..errors import NgramSpecError, Unavailable
-from ..generate import Generation, GenerationResponse
-from ..sampling import SamplingParams
-from ..stats import count_accepted
+from ..engine.generate import Generation, GenerationResponse
+from ..engine.sampling import SamplingParams
+from ..spec.stats import count_accepted
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
@@ -95,17 +95,6 @@ class Job:
     cancelled: bool = field(default=False, init=False)
     finished: bool = field(default=False, init=False)
     t_queued: float = field(default_factory=time.perf_counter, init=False)
-
-
-def output_budget(want: int, room: int, shift: bool = False) -> tuple[int, bool]:
-    """(n_predict, truncate_at_length) of a job: the tokens asked for (`want`; < 0: until
-    the end) within the `room` the slot leaves after the prompt, and whether stopping
-    there means the slot is full ("length" with truncated set). With a context shift
-    (`shift`) the slot never fills: `want` as given. The one rule of the server's
-    requests and batch's records."""
-    if shift:
-        return want, False
-    return (room if want < 0 else min(want, room)), (want < 0 or want > room)
 
 
 @dataclass

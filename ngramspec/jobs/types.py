@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from ..config import SpecConfig, check_draft_model
+from ..settings.config import SpecConfig, check_draft_model
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
 #: more candidates per token than this is refused (llama-server clamps to the vocabulary;

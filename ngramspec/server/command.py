@@ -1,8 +1,8 @@
 """`ngramspec serve`: llama-server-compatible HTTP server (FastAPI + uvicorn, SSE).
 
-Its flags are llama-server's (generated from `ngramspec.flags.FLAGS`); flags with no
+Its flags are llama-server's (generated from `ngramspec.settings.flags.FLAGS`); flags with no
 meaning here are accepted with one warning line each. This module imports
-`flags`, `settings` and `app`, never `ngramspec.cli`.
+`flags`, `settings` and `app`, never `ngramspec.cli.main`.
 
 Shutdown (SIGINT/SIGTERM): the scheduler is stopped at once, so every request in
 flight or waiting gets its final event (503 "the server is shutting down") and its
@@ -19,15 +19,15 @@ from typing import Any, Callable
 
 import click
 
-from .. import flags
+from ..settings import click_options
 from ..console import err_console
 
 #: seconds uvicorn waits for responses after the scheduler has failed them (a backstop)
 SHUTDOWN_GRACE_S = 0.5
 
 
-@click.command(context_settings=flags.CONTEXT_SETTINGS)
-@flags.options("serve")
+@click.command(context_settings=click_options.CONTEXT_SETTINGS)
+@click_options.options("serve")
 @click.version_option(package_name="ngramspec")
 @click.pass_context
 def serve(ctx: click.Context, **kw: Any) -> None:
@@ -46,9 +46,9 @@ def serve(ctx: click.Context, **kw: Any) -> None:
     from ..jobs.chat import check_template
     from .settings import from_flags
 
-    for line in flags.warnings_for(ctx, "serve", kw):
+    for line in click_options.warnings_for(ctx, "serve", kw):
         click.echo(f"ngramspec serve: {line}", err=True)
-    flags.pop_unused(kw)
+    click_options.pop_unused(kw)
     settings = from_flags(kw)
     verbose = bool(settings.verbose or (ctx.obj or {}).get("verbose"))
     if verbose and ctx.obj is not None:

@@ -47,7 +47,8 @@ class Embedder:
     """An embeddings context on `model` (see module invariants)."""
 
     def __init__(self, model, n_ctx: int, threads: int, pooling: str | None):
-        from ..model import ModelError, _llama
+        from ..llama.model import ModelError
+        from ..llama.backend import _llama
 
         lc = _llama()
         if pooling == "rank":
@@ -74,7 +75,7 @@ class Embedder:
 
     def embed(self, tokens: np.ndarray, norm: int) -> list[list[float]]:
         """[pooled vector] (normalised with `norm`), or one raw vector per token."""
-        from ..model import _llama
+        from ..llama.backend import _llama
 
         lc = _llama()
         n = len(tokens)

@@ -17,16 +17,16 @@ from fastapi import Request
 from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
-from .. import strict_json
-from ..config import SpecConfig
+from ..settings import strict_json
 from ..errors import ConfigError, TokenError
-from ..model import ContextOverflow
-from ..sampling import RANDOM_SEED, SamplingParams, json_grammar, schema_grammar, seed_or_random
+from ..llama.model import ContextOverflow
+from ..engine.sampling import RANDOM_SEED, SamplingParams, seed_or_random
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
-from ..jobs.prediction import prediction_tokens, vocab_ids
+from ..jobs.build import JobDefaults, build_job, grammar_of
+from ..jobs.prediction import vocab_ids
 from ..jobs.samplers import other_samplers
-from ..jobs.scheduler import Job, output_budget
+from ..jobs.scheduler import Job
 from .state import ServerState
 from ..jobs.types import ChatCompletionRequest, PromptObject, _Generation
 
@@ -49,40 +49,19 @@ def _no_sink(event) -> None:  # a prepared job's sink until `make_job` gives it 
     raise RuntimeError("a prepared job ran before make_job gave it a sink")
 
 
-def _speculation(state: ServerState, req: _Generation, request: Request) -> tuple[bool, SpecConfig | None]:
-    on = True
+def _spec_header(request: Request) -> bool:
+    """Whether the request's X-Ngramspec-Speculative header lets it speculate (absent:
+    yes); ConfigError for a value that is neither on nor off."""
     hdr = request.headers.get(SPEC_HEADER)
-    if hdr is not None:
-        v = hdr.strip().lower()
-        if v in OFF_VALUES:
-            on = False
-        elif v not in ON_VALUES:
-            raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
-    cfg = state.settings.spec
-    if req.speculative is not None:
-        cfg = req.speculative.apply(cfg, state.engine.draft_drafter is not None)
-    on = state.engine.speculates(cfg, on, req.prediction is not None)
-    return on, (None if cfg == state.engine.spec else cfg)
+    if hdr is None:
+        return True
+    v = hdr.strip().lower()
+    if v in OFF_VALUES:
+        return False
+    if v not in ON_VALUES:
+        raise ConfigError(f"header {SPEC_HEADER} must be 'on' or 'off', got {hdr!r}")
+    return True
 
-def _grammar(req: _Generation) -> str | None:
-    sources = []
-    if req.grammar is not None:
-        sources.append(("grammar", req.grammar))
-    if req.json_schema is not None:
-        sources.append(("json_schema", schema_grammar(req.json_schema or {"type": "object"})))
-    rf = getattr(req, "response_format", None)
-    if rf is not None and rf.type != "text":
-        schema = rf.schema_
-        if rf.type == "json_schema":
-            schema = (rf.json_schema.schema_ if rf.json_schema is not None else None) or schema
-            if schema is None:
-                raise ConfigError("response_format.json_schema.schema is required for "
-                                  "type 'json_schema'")
-        sources.append(("response_format",
-                        schema_grammar(schema) if schema is not None else json_grammar()))
-    if len(sources) > 1:
-        raise ConfigError("use only one of " + ", ".join(n for n, _ in sources))
-    return sources[0][1] if sources else None
 
 def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
     d = state.settings.sampling
@@ -107,7 +86,7 @@ def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
                           frequency_penalty=float(pick(req.frequency_penalty, d.frequency_penalty)),
                           presence_penalty=float(pick(req.presence_penalty, d.presence_penalty)),
                           seed=seed_or_random(seed),
-                          grammar=_grammar(req) or d.grammar,
+                          grammar=grammar_of(req) or d.grammar,
                           **sampler_fields(state.engine.model, req, d),
                           **other_samplers(d, req, state.n_ctx_slot),
                           **request_probs(req, state.engine.model.n_vocab))
@@ -159,27 +138,24 @@ def tokenize_prompt(state: ServerState, prompt: Any) -> tuple[np.ndarray, str]:
 
 def prepare(state: ServerState, req: _Generation, request: Request, tokens: np.ndarray,
             prompt_text: str, n_predict: int | None) -> Prepared:
-    n = len(tokens)
-    if n >= state.n_ctx_slot:
-        err = ContextOverflow(n, state.n_ctx_slot)
-        err.args = (f"the request exceeds the available context size: the prompt has {n} tokens "
-                    f"and a slot holds {state.n_ctx_slot} (-c {state.settings.n_ctx} shared by "
-                    f"{state.settings.n_parallel} slots)",)
-        raise err
-    room = state.n_ctx_slot - n
-    want = state.settings.n_predict if n_predict is None else n_predict
-    speculative, spec = _speculation(state, req, request)
-    shift = context_shift(state.settings, req)
-    n_predict, truncated = output_budget(want, room, bool(shift))
-    job = Job(prompt=tokens, sampling=_sampling(state, req), n_predict=n_predict,
-              truncate_at_length=truncated,
-              id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
-              context_shift=shift, speculative=speculative, spec=spec, stop=req.stop_list(),
-              cache_prompt=state.settings.cache_prompt if req.cache_prompt is None
-              else req.cache_prompt,
-              prediction=prediction_tokens(state.engine.model, req.prediction), sink=_no_sink,
-              return_progress=req.return_progress and req.stream)
+    """The request's Job (`jobs.build.build_job`, batch records' path too) with the
+    server's own parts: the speculation header, context shift, slot and progress."""
+    wanted = _spec_header(request)
+    defaults = JobDefaults(state.n_ctx_slot, state.settings.n_predict, state.settings.spec,
+                           state.settings.cache_prompt)
+    try:
+        job = build_job(state.engine, defaults, req, tokens, lambda: _sampling(state, req),
+                        _no_sink, wanted=wanted, n_predict=n_predict,
+                        context_shift=context_shift(state.settings, req),
+                        id_slot=-1 if req.id_slot < 0 else req.id_slot % state.settings.n_parallel,
+                        return_progress=req.return_progress and req.stream)
+    except ContextOverflow as err:
+        err.args = (f"the request exceeds the available context size: the prompt has "
+                    f"{err.n_prompt_tokens} tokens and a slot holds {state.n_ctx_slot} (-c "
+                    f"{state.settings.n_ctx} shared by {state.settings.n_parallel} slots)",)
+        raise
     return Prepared(job, prompt_text, req.timings_per_token)
+
 
 def n_choices(state: ServerState, req: _Generation) -> int:
     """How many choices per prompt (`n_cmpl`, else `n`, else 1): 1 up to the slot

@@ -23,7 +23,7 @@ import math
 from dataclasses import replace
 from typing import Any, Sequence
 
-from ..generate import GenerationResponse, TokenOutput
+from ..engine.generate import GenerationResponse, TokenOutput
 from .errors import APIError
 from ..jobs.types import MAX_N_PROBS, ChatCompletionRequest
 

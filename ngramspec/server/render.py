@@ -12,11 +12,11 @@ import math
 from functools import lru_cache
 from typing import Any
 
-from ..config import SpecConfig
-from ..generate import GenerationResponse
+from ..settings.config import SpecConfig
+from ..engine.generate import GenerationResponse
 from ..jobs.samplers import NUMBER_FIELDS
-from ..sampling import SamplingParams
-from ..stats import timings
+from ..engine.sampling import SamplingParams
+from ..spec.stats import timings
 from .prepare import SPEC_HEADER
 
 

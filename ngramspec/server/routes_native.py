@@ -12,13 +12,27 @@ from . import metrics as metrics_mod
 from . import probs, render
 from ..jobs.chat import chosen_template
 from .errors import APIError, error_body, to_api_error
-from .prepare import (Prepared, check_tokens, expand_choices, mixed_tokens, n_choices,
-                      parse_body, prepare, render_messages, split_prompts, tokenize_prompt)
+from .prepare import (
+    Prepared,
+    check_tokens,
+    expand_choices,
+    mixed_tokens,
+    n_choices,
+    parse_body,
+    prepare,
+    render_messages,
+    split_prompts,
+    tokenize_prompt,
+)
 from .run import Run, RunStreamingResponse, sse, start_run
 from ..jobs.scheduler import Event, Job
 from .state import ServerState, ready_state, require_key
-from ..jobs.types import (ChatCompletionRequest, DetokenizeRequest, NativeCompletionRequest,
-                    TokenizeRequest)
+from ..jobs.types import (
+    ChatCompletionRequest,
+    DetokenizeRequest,
+    NativeCompletionRequest,
+    TokenizeRequest,
+)
 
 public = APIRouter()
 router = APIRouter(dependencies=[Depends(require_key)])

@@ -13,8 +13,16 @@ from fastapi.responses import JSONResponse, Response
 
 from . import probs, render
 from .errors import APIError, error_body, to_api_error
-from .prepare import (Prepared, expand_choices, n_choices, parse_body, prepare, render_messages,
-                      split_prompts, tokenize_prompt)
+from .prepare import (
+    Prepared,
+    expand_choices,
+    n_choices,
+    parse_body,
+    prepare,
+    render_messages,
+    split_prompts,
+    tokenize_prompt,
+)
 from .routes_native import native_final_json
 from .run import Collected, Run, RunStreamingResponse, sse, start_run
 from .state import ServerState, ready_state, require_key

@@ -25,7 +25,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request
 from fastapi.responses import StreamingResponse
 
-from ..generate import TokenOutput
+from ..engine.generate import TokenOutput
 from .prepare import Prepared, make_job
 from ..jobs.scheduler import Event, Job, Scheduler
 from .state import ServerState

@@ -1,4 +1,4 @@
-"""Server settings, built from the one flag table (`ngramspec.flags.FLAGS`).
+"""Server settings, built from the one flag table (`ngramspec.settings.flags.FLAGS`).
 
 `ServerSettings` has one field per model/request/server flag of `ngramspec serve`
 (same default, named by `Flag.settings_field`), plus the composite `spec`
@@ -22,14 +22,15 @@ from dataclasses import field, make_dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import flags
-from ..config import SpecConfig
+from ..settings import flags
+from ..engine import flag_values
+from ..settings.config import SpecConfig
 from ..errors import ConfigError
-from ..sampling import SamplingParams
+from ..engine.sampling import SamplingParams
 
 
 def _default_sampling() -> SamplingParams:
-    return flags.sampling_from_values(flags.defaults("serve", ("sampling",)))
+    return flag_values.sampling_from_values(flags.defaults("serve", ("sampling",)))
 
 
 def _post_init(self) -> None:
@@ -95,15 +96,15 @@ ServerSettings = make_dataclass(
 def from_flags(values: dict[str, Any]) -> "ServerSettings":
     """ServerSettings from `ngramspec serve`'s parsed flags (popped from `values`)."""
     model_draft = values.get("model_draft")
-    sampling = flags.sampling_from_values(values)
-    spec = flags.spec_from_values(values, model_draft)
+    sampling = flag_values.sampling_from_values(values)
+    spec = flag_values.spec_from_values(values, model_draft)
     return ServerSettings(**flags.settings_values(values), spec=spec, sampling=sampling)
 
 
 def engine_settings(s: "ServerSettings"):
     """The runtime.EngineSettings of `s`: its model and load flags' values through
-    `flags.engine_settings` (the same table as every command), its SpecConfig and
+    `flag_values.engine_settings` (the same table as every command), its SpecConfig and
     -np slots."""
     values = {f.dest: getattr(s, f.settings_field) for f in flags.for_command("serve", ("model",))}
     values["swa_full"] = values["swa_full"] or s.context_shift  # a window-size cache cannot shift
-    return flags.engine_settings(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec)
+    return flag_values.engine_settings(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec)

@@ -9,7 +9,7 @@ Slot actions need `--slot-save-path DIR` (else 501); F is a bare file name in DI
 checked as llama.cpp checks it (`valid_filename`: no separators, no "..", no
 control or reserved characters; else 400). A slot id wraps modulo the slot count,
 as in llama-server. The action runs on the scheduler thread once the slot has
-no request (`Scheduler.call`); the file format is `ngramspec.slot_state`'s.
+no request (`Scheduler.call`); the file format is `ngramspec.engine.slot_state`'s.
 
 POST /props answers 501 unless the server runs with `--props`; llama-server then
 accepts the body and changes nothing, and so does this server.
@@ -22,7 +22,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from .. import slot_state, strict_json
+from ..engine import slot_state
+from ..settings import strict_json
 from .errors import APIError
 
 #: characters llama.cpp's fs_validate_filename refuses (besides control characters)

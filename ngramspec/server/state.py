@@ -15,8 +15,8 @@ from typing import Any, Callable
 
 from fastapi import Request
 
-from .. import synth
-from ..stats import calibration_line
+from ..engine import synth
+from ..spec.stats import calibration_line
 from .errors import APIError, loading_error
 from ..jobs.scheduler import Scheduler
 from .settings import ServerSettings, engine_settings
@@ -48,7 +48,7 @@ class ServerState:
             if delay > 0:  # test hook: a visible loading phase
                 time.sleep(delay)
             if engine_factory is None:
-                from ..runtime import load_engine
+                from ..engine.runtime import load_engine
 
                 engine = load_engine(engine_settings(s), notify=log.warning)
             else:
@@ -60,7 +60,7 @@ class ServerState:
             self.engine, self.scheduler = engine, sched
             self.ready = True
             if hasattr(engine.ctx, "kernel_line"):  # a test's engine may have a stand-in context
-                log.warning("ngramspec: %s", engine.ctx.kernel_line())
+                log.warning("ngramspec: %s", engine.ctx.kernels.line())
             cal = getattr(engine, "calibration", None)  # None: no cost policy (or a test's engine)
             log.warning("ngramspec: model %s loaded; %d slots of %d tokens; speculation: %s%s",
                         engine.model.path.name, s.n_parallel, self.n_ctx_slot,

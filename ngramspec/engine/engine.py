@@ -1,0 +1,484 @@
+"""The speculative engine: draft, verify in one batched decode, keep accepted + 1, roll back.
+
+Layers (each a generator over the one below, as in mlx-lm):
+    Engine.prefill(st) / Engine.step(seqs)   one llama_decode each
+    Engine.generate_step(...)                StepOutput per decode, for one sequence
+    generate.stream_generate(...)            GenerationResponse per step (text, stats)
+    generate.generate(...)                   the whole text + final stats
+
+A sequence's life: `start` (admission: sampler, speculation, prompt cache; no
+decode) -> `prefill` until its prompt is in the KV cache (the last chunk samples
+the first token) -> `step` together with every other generating sequence ->
+`finish` (its KV stays as the slot's prompt cache).
+
+Invariants (per sequence, after every step):
+- KV cache holds exactly tokens[:n_hist] at positions 0..n_hist-1; `sampled`
+  (the last emitted token) is not yet in the KV cache or history.
+- A step evaluates [sampled] + draft at positions n_hist.., samples every row
+  in order and stops at the first row whose token differs from the draft: it
+  emits accepted + 1 tokens; KV entries past them are removed.
+- Spec-off is the same loop with empty drafts, so the two modes differ only in
+  how many tokens one llama_decode evaluates. The sampler (its chain and RNG)
+  samples exactly the rows of the emitted tokens, in order, in both modes, so a
+  seeded sampled run gives spec-off's tokens too.
+- Synthetic acceptance (`Engine.synth`, benchmarking only, synth.py) replaces the
+  comparison with the draft by a seeded random draw per position; the rows are
+  still sampled in order. Its output is not the model's unless every rate is 0.
+- A StepOutput's `probs` (when the sampling asks for n_probs) come from the rows
+  its tokens were sampled from, one per emitted token.
+- A draft never makes a step overshoot n_predict or the context.
+- Context shift (a sequence started with `context_shift`): before a step whose
+  token would take the slot's last cell (n_hist + 1 >= n_ctx_seq), n_discard
+  tokens after n_keep are dropped from the KV and the history and the rest move
+  down (llama-server's rule, `_shift`). Drafts never cross that point, so the
+  shift happens at the same token with speculation on and off. Only the tokens
+  before n_keep keep the values a fresh prefill gives (`n_unshifted`).
+- Prompt tokens are evaluated by `Context.prefill` (tiled attention, 64+ rows)
+  when the prompt has 64 tokens or more, else by one ordinary decode (the small-row
+  path that generation steps take too); either way the prompt's KV is a function
+  of the prompt alone (docs/exactness.md), so a cached prefix is reused only where
+  it was evaluated that same way: a long prompt reuses the tiled cells of the last
+  prompt, a short one every cell of a slot whose last prompt was short (its prompt
+  and generated tokens alike).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from ..spec import planner
+from ..settings.config import SpecConfig
+from ..spec.cost import Calibration, Shape
+from ..spec.draft_model import DraftModelDrafter
+from ..spec.drafters import as_tokens
+from ..spec.drafters.chains import Chains
+from ..spec.drafters.prediction import PredictionDrafter
+from ..errors import ConfigError, NgramSpecError
+from ..llama.context import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context
+from ..llama.model import ContextOverflow, Model
+from ..spec.policy import DraftPolicy, FixedPolicy
+from ..spec.pool import HashPool
+from .sampling import Sampler, SamplingParams
+from ..spec.speculation import Speculation
+from ..spec.stats import DrafterStats
+from .synth import SynthAcceptance
+
+#: bytes of logit rows one generation decode may produce (Engine._limits): 128 rows of
+#: a 262k vocabulary, about what llama-server's 8 slots with 16-token drafts produce
+LOGIT_BUFFER_MAX = 128 << 20
+
+
+def output_budget(want: int, room: int, shift: bool = False) -> tuple[int, bool]:
+    """(n_predict, truncate_at_length) of a job: the tokens asked for (`want`; < 0: until
+    the end) within the `room` the slot leaves after the prompt, and whether stopping
+    there means the slot is full ("length" with truncated set). With a context shift
+    (`shift`) the slot never fills: `want` as given. The one rule of `Engine.start`,
+    and of the server's requests and batch's records (jobs/build.py)."""
+    if shift:
+        return want, False
+    return (room if want < 0 else min(want, room)), (want < 0 or want > room)
+
+
+@dataclass
+class SeqState:
+    """One sequence being generated (a request, a server slot)."""
+
+    seq_id: int
+    sampler: Sampler
+    n_predict: int
+    tokens: np.ndarray  # history buffer, int32, capacity n_ctx + 1
+    n_prompt: int
+    spec: Speculation | None = None
+    n_hist: int = 0  # tokens in the KV cache (during prefill: prompt tokens so far)
+    n_cached: int = 0  # prompt tokens reused from the slot's cache
+    sampled: int = -1
+    n_generated: int = 0
+    steps: int = 0
+    finish_reason: str | None = None
+    t_start: float = 0.0
+    t_prompt_done: float = 0.0
+    t_last: float = 0.0
+    n_keep: int | None = None  # context shift: tokens kept (None: no shift, stop when full)
+    n_discard: int = 0  # context shift: tokens dropped per shift (0: half of the rest)
+    n_shifted: int = 0  # tokens dropped by context shifts so far
+    n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
+    synth: SynthAcceptance | None = None  # synthetic acceptance (benchmarking), else None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefilling(self) -> bool:
+        return self.sampled < 0 and not self.done
+
+    @property
+    def speculative(self) -> bool:
+        return self.spec is not None
+
+    @property
+    def draft_n(self) -> int:
+        return self.spec.draft_n if self.spec else 0
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return self.spec.draft_n_accepted if self.spec else 0
+
+    @property
+    def prediction(self) -> tuple[int, int] | None:
+        """(tokens drafted from the request's prediction and verified, of them accepted);
+        None for a sequence without a prediction (or without speculation)."""
+        if self.spec is None or not self.spec.own:
+            return None
+        return self.spec.own_n, self.spec.own_n_accepted
+
+
+@dataclass
+class StepOutput:
+    """Tokens one decode emitted for one sequence (EOG excluded)."""
+
+    tokens: list[int]
+    drafted: int = 0
+    accepted: int = 0
+    finish_reason: str | None = None
+    probs: list = field(default_factory=list)  # TokenProbs per token (n_probs > 0), same order
+    error: NgramSpecError | None = None  # this sequence's own input failed it (finish "error")
+
+
+@dataclass
+class SlotCache:
+    """What a sequence id's KV holds after its last request (llama-server's cache_prompt)."""
+
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    reusable: int = 0  # leading tokens reusable as prompt, all evaluated on one path:
+    tiled: bool = True  # the tiled prefill (True) or the small-row path (False)
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
+
+
+class Engine:
+    """A model context plus drafters on one shared pool; serves up to n_seq_max sequences.
+
+    Each sequence may use its own SpecConfig (server requests can override the
+    type and lengths); chains for equal configs are shared, and a drafter with
+    given parameters exists once, so ngram-mod's table is one table for all.
+    """
+
+    def __init__(self, model: Model, ctx: Context, spec: SpecConfig | None = None,
+                 draft_drafter=None, policy: DraftPolicy | None = None,
+                 calibration: Calibration | None = None):
+        self.model, self.ctx = model, ctx
+        self.spec = spec or SpecConfig(types=())
+        self.policy: DraftPolicy = policy or FixedPolicy()
+        self.pool = HashPool(self.spec.pool_bytes)
+        self.draft_drafter = draft_drafter
+        self.chains = Chains(self.pool, draft_drafter)
+        self.cache: dict[int, SlotCache] = {}
+        self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
+        self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
+
+    # ------------------------------------------------------------ admission
+    def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
+        """Prompt tokens sequence `seq_id`'s KV already holds, evaluated as a prefill of
+        this prompt would evaluate them (the same path: tiled or small-row); at least
+        one token is always left to evaluate (its logits give the first token)."""
+        c = self.cache.get(seq_id)
+        if c is None or c.tiled != self._tiled(len(prompt)):
+            return 0
+        return min(common_prefix(c.tokens[:c.reusable], prompt), len(prompt) - 1)
+
+    def speculates(self, spec: SpecConfig | None = None, wanted: bool = True,
+                   prediction: bool = False) -> bool:
+        """The one rule for whether a sequence speculates: the client wants it (`wanted`)
+        and something can draft: a spec type of `spec` (default: the engine's), the
+        draft model, or the request's own `prediction`. `start` applies it; callers
+        that report the decision before the start (response headers, props) ask it."""
+        cfg = self.spec if spec is None else spec
+        return wanted and (cfg.enabled or self.draft_drafter is not None or prediction)
+
+    def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
+              n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
+              cache_prompt: bool = True, prediction: Sequence[int] | None = None,
+              context_shift: tuple[int, int] | None = None) -> SeqState:
+        """Admit a new sequence: sampler, speculation and the slot's cached prefix.
+        Nothing is evaluated: `prefill` does that.
+
+        `spec` overrides the engine's SpecConfig for this sequence; speculative=False
+        or an empty type list turns drafting off for it. `prediction` (token ids of
+        the output the client expects) drafts first, whatever the spec types.
+        `context_shift` = (n_keep, n_discard) as a llama-server request gives them
+        (n_keep -1: the whole prompt): the sequence shifts instead of stopping when
+        its context is full, and n_predict < 0 means until end of generation.
+        """
+        prompt = as_tokens(prompt, "prompt")
+        if len(prompt) == 0:
+            raise ConfigError("the prompt is empty")
+        n_ctx = self.ctx.n_ctx_seq
+        if len(prompt) >= n_ctx:
+            raise ContextOverflow(len(prompt), n_ctx)
+        if context_shift is not None and self.ctx.swa_span is not None:
+            raise ConfigError("context shift needs a full-size sliding-window cache (llama.cpp "
+                              "cannot shift a window-size one): load with --swa-full")
+        want = -1 if n_predict is None else n_predict
+        n_predict = output_budget(want, n_ctx - len(prompt), context_shift is not None)[0]
+        if n_predict < 0:  # a context shift: until the end of generation
+            n_predict = 1 << 62
+        cfg = self.spec if spec is None else spec
+        sampler = Sampler(self.ctx, sampling, prompt)
+        st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
+                      tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
+        st.t_start = time.perf_counter()
+        st.tokens[:len(prompt)] = prompt
+        if context_shift is not None:
+            keep, st.n_discard = context_shift
+            keep = (len(prompt) if keep < 0 else keep) + int(self.model.add_bos)
+            st.n_keep = min(n_ctx - 4, keep)  # llama-server counts BOS on top of n_keep
+        st.n_cached = self.reusable_prefix(seq_id, prompt) if cache_prompt else 0
+        self.ctx.truncate(seq_id, st.n_cached)
+        self.ctx.begin_prompt(seq_id, st.n_cached)
+        self.cache.pop(seq_id, None)
+        st.n_hist = st.n_cached
+        if isinstance(self.draft_drafter, DraftModelDrafter):
+            self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
+        own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
+        if self.speculates(cfg, speculative, bool(own)):
+            st.spec = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
+            st.spec.begin(prompt)
+            if self.synth:
+                st.synth = SynthAcceptance(self.synth, sampling.seed)
+        return st
+
+    def prefill(self, st: SeqState, max_tokens: int = 512) -> StepOutput | None:
+        """Evaluate the next chunk of st's prompt (one llama_decode, this sequence alone).
+
+        Returns the first token's StepOutput when the prompt is complete, else None.
+        """
+        if not self._tiled(st.n_prompt):
+            step = MAX_INVARIANT_BATCH if self.ctx.invariant else self.ctx.n_batch
+            end = min(st.n_prompt, st.n_hist + step)
+            src = self.ctx
+            rows = self.ctx.decode([(st.seq_id, st.tokens[st.n_hist:end], st.n_hist, False)])[0]
+        else:
+            end = self._chunk_end(st, max_tokens)
+            src, rows = self.ctx.prefill(st.seq_id, st.tokens[st.n_hist:end], st.n_hist,
+                                         last=end == st.n_prompt)
+        st.n_hist = end
+        if end < st.n_prompt:
+            return None
+        st.t_prompt_done = st.t_last = time.perf_counter()
+        if st.n_predict == 0:
+            st.finish_reason = "length"
+            return StepOutput([], finish_reason="length")
+        st.sampled = st.sampler.sample(rows[-1], src)
+        kept = self._emit(st, [st.sampled])
+        return StepOutput(kept, finish_reason=st.finish_reason,
+                          probs=st.sampler.take_probs()[:len(kept)])
+
+    def _tiled(self, n_prompt: int) -> bool:
+        """Whether a prompt of n_prompt tokens is evaluated by the tiled prefill."""
+        return self.ctx.tiled_prefill and n_prompt >= TILED_PREFILL_MIN
+
+    def _chunk_end(self, st: SeqState, max_tokens: int) -> int:
+        """End of the next tiled chunk: at most max_tokens (>= 128, <= prefill_chunk), never
+        leaving a remainder under TILED_PREFILL_MIN; a last chunk that is short and
+        has no room for padding before the slot's end re-evaluates earlier prompt
+        tokens instead (same values: the tiled path is per-token deterministic)."""
+        cap = min(max(max_tokens, 2 * TILED_PREFILL_MIN), self.ctx.prefill_chunk)
+        left = st.n_prompt - st.n_hist
+        n = min(left, cap)
+        if n < left and left - n < TILED_PREFILL_MIN:
+            n = left - TILED_PREFILL_MIN
+        if n < TILED_PREFILL_MIN and st.n_hist + TILED_PREFILL_MIN > self.ctx.n_ctx_seq:
+            st.n_hist = st.n_prompt - TILED_PREFILL_MIN
+            st.n_cached = min(st.n_cached, st.n_hist)
+            self.ctx.truncate(st.seq_id, st.n_hist)
+            n = TILED_PREFILL_MIN
+        return st.n_hist + n
+
+    def finish(self, st: SeqState) -> None:
+        """Release a sequence: drafter state and sampler; its KV stays as the slot's
+        prompt cache (the part that a later prefill would evaluate alike): a long
+        prompt's tiled cells, or, after a short prompt, every cell (its prompt and its
+        generation steps both took the small-row path) while the KV still holds them
+        from position 0 (a window-size SWA cache drops cells out of the window)."""
+        tiled = self._tiled(st.n_prompt)
+        if tiled:
+            reusable = st.n_prompt if not st.prefilling else 0
+        elif self.ctx.positions(st.seq_id)[0] > 0:
+            reusable = 0  # a window-size SWA cache no longer holds the first cells
+        else:
+            reusable = st.n_hist
+        reusable = min(reusable, st.n_unshifted)
+        self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable, tiled)
+        if st.spec is not None:
+            st.spec.end()
+        st.sampler.close()
+        if st.finish_reason is None:
+            st.finish_reason = "cancelled"
+
+    def forget(self, seq_id: int) -> None:
+        """Drop a sequence id's KV and cache entry (after a failure)."""
+        self.cache.pop(seq_id, None)
+        self.ctx.clear(seq_id)
+
+    # ------------------------------------------------------------ one step
+    def _room(self, st: SeqState) -> int:
+        return min(st.n_predict - st.n_generated - 1, self.ctx.n_ctx_seq - st.n_hist - 2)
+
+    def _limits(self) -> tuple[int, int]:
+        """(rows per sequence, rows per decode) a generation decode may hold. Every row
+        of a generation decode has logits, and llama.cpp's output buffer keeps as many
+        rows resident as the largest decode had (n_vocab floats each: 1 MiB with a
+        262k vocabulary), so a decode holds at most LOGIT_BUFFER_MAX bytes of them (at
+        least one row per slot). Draft lengths never change an output."""
+        n_seq = self.ctx.params.n_seq_max
+        logit_rows = max(LOGIT_BUFFER_MAX // (4 * self.model.n_vocab), n_seq)
+        if not self.ctx.invariant:
+            return self.ctx.n_batch, min(self.ctx.n_batch, logit_rows)
+        if self.ctx.per_seq_streams:  # U2 per stream; padding needs one spare row per entry
+            return MAX_INVARIANT_BATCH, min(self.ctx.n_batch - n_seq, logit_rows)
+        return MAX_INVARIANT_BATCH, min(MAX_INVARIANT_BATCH, logit_rows)
+
+    def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
+        """One verify step for every generating sequence in `seqs`, in ONE llama_decode.
+        The decode takes the sequences in ascending seq id whatever the order of `seqs`
+        (llama.cpp forms fewer ubatches from runs of consecutive ids: ubatch.py)."""
+        active = sorted((s for s in seqs if not s.done and not s.prefilling),
+                        key=lambda s: s.seq_id)
+        for st in active:
+            if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
+                self._shift(st)
+        opts, base = [], []
+        for st in active:
+            room = self._room(st) if st.spec is not None else 0
+            room = min(room, st.synth.n_max) if st.synth is not None else room
+            opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
+                        else planner.DraftOptions())
+            base.append(Shape(st.seq_id, 1, 1, st.n_hist))
+        ks = planner.plan(opts, base, getattr(self.policy, "cost", None), *self._limits(),
+                          trust=self.policy.trust(len(base)))
+        drafts = [st.spec.commit(k) if st.spec is not None else np.zeros(0, np.int32)
+                  for st, k in zip(active, ks)]
+        entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
+                   for st, d in zip(active, drafts)]
+        rows = self._timed_decode(entries)
+        out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
+        return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
+
+    def _timed_decode(self, entries: list) -> list[list[int]]:
+        """ctx.decode of a generation step; its time and shape go to the policy, whose
+        cost model learns from every step (policy.observe_decode)."""
+        if not entries:
+            return []
+        t0 = time.perf_counter()
+        rows = self.ctx.decode(entries)
+        dt = time.perf_counter() - t0
+        self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries], dt)
+        return rows
+
+    def _checked_verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
+        """`_verify`, except that an error of this sequence's own input (its grammar
+        reaching a dead end) ends this sequence alone with finish_reason "error" and the
+        error in its StepOutput; the other sequences of the decode go on."""
+        try:
+            return self._verify(st, draft, rows)
+        except NgramSpecError as e:
+            st.finish_reason = "error"
+            self.ctx.truncate(st.seq_id, st.n_hist)
+            return StepOutput([], len(draft), 0, "error", error=e)
+
+    def _shift(self, st: SeqState) -> None:
+        """llama-server's context shift: drop n_discard tokens after n_keep (default half
+        of the rest), move the later ones down; the drafters start over on the result."""
+        n_left = st.n_hist - st.n_keep
+        n_discard = st.n_discard or n_left // 2
+        n_discard = min(max(n_discard, 0), max(0, n_left - 1))
+        self.ctx.shift(st.seq_id, st.n_keep, n_discard, st.n_hist)
+        a, b = st.n_keep, st.n_keep + n_discard
+        st.tokens[a:st.n_hist - n_discard] = st.tokens[b:st.n_hist].copy()
+        st.n_hist -= n_discard
+        st.n_shifted += n_discard
+        st.n_unshifted = min(st.n_unshifted, st.n_keep)
+        if st.spec is not None:
+            st.spec.end()
+            st.spec.begin(st.tokens[:st.n_hist])
+
+    def _accepted(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> list[int]:
+        """Sample the rows in order (one sampler call each: chain, RNG) and return the
+        emitted tokens: the accepted draft tokens, then the target's token at the first
+        position not accepted (equal to the draft, or the synthetic draw)."""
+        out: list[int] = []
+        for i, idx in enumerate(rows):
+            tok = st.sampler.sample(idx)
+            if i < len(draft):
+                d = int(draft[i])
+                ok = (tok == d if st.synth is None
+                      else st.synth.accept(i) and not self.model.is_eog(d))
+                if ok:
+                    out.append(d)
+                    continue
+            out.append(tok)
+            break
+        return out
+
+    def _verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:
+        sampled = self._accepted(st, draft, rows)
+        n_acc = len(sampled) - 1
+        keep = st.n_hist + 1 + n_acc
+        if len(draft) > n_acc:
+            self.ctx.truncate(st.seq_id, keep)
+        st.tokens[st.n_hist] = st.sampled
+        st.tokens[st.n_hist + 1:keep] = draft[:n_acc]
+        st.n_hist = keep
+        st.sampled = sampled[-1]
+        st.steps += 1
+        if st.spec is not None:
+            st.spec.settle(sampled, n_acc)
+        kept = self._emit(st, sampled)
+        return StepOutput(kept, len(draft), n_acc, st.finish_reason,
+                          st.sampler.take_probs()[:len(kept)])
+
+    def _emit(self, st: SeqState, tokens: list[int]) -> list[int]:
+        """Count emitted tokens, stopping at end-of-generation or n_predict."""
+        kept = []
+        for t in tokens:
+            if self.model.is_eog(t):
+                st.finish_reason = "stop"
+                break
+            kept.append(t)
+            st.n_generated += 1
+            if st.n_generated >= st.n_predict:
+                st.finish_reason = "length"
+                break
+        st.t_last = time.perf_counter()
+        return kept
+
+    # ------------------------------------------------------------ one sequence
+    def generate_step(self, prompt, sampling: SamplingParams, n_predict: int = 256,
+                      speculative: bool = True, seq_id: int = 0,
+                      spec: SpecConfig | None = None) -> Iterator[tuple[SeqState, StepOutput]]:
+        """Yield (state, StepOutput) per decode that emitted for one sequence until it finishes."""
+        st = self.start(seq_id, prompt, sampling, n_predict, speculative, spec)
+        try:
+            first = None
+            while first is None:
+                first = self.prefill(st)
+            yield st, first
+            while not st.done:
+                out = self.step([st])[0]
+                if out.error is not None:
+                    raise out.error
+                yield st, out
+        finally:
+            self.finish(st)
+
+    def stats(self) -> dict[str, DrafterStats]:
+        """llama.cpp-style counters per drafter, summed over every chain in use."""
+        return self.chains.stats()

@@ -1,0 +1,147 @@
+"""A command's flag values turned into the typed objects an engine is built from:
+SpecConfig, SamplingParams, LoadOptions and the one EngineSettings.
+
+Invariant: each builder pops the values it uses, so what is left over is visible.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..settings import strict_json
+from ..settings.config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model
+from ..settings.flag import _on_off, gpu_layers, load_mode
+from ..settings.llama_values import kv_type_name
+
+
+def spec_from_values(kw: dict[str, Any], model_draft: str | None = None,
+                     need_draft: bool = True) -> SpecConfig:
+    """Pop the speculation flags out of a command's values into one SpecConfig.
+
+    A llama.cpp draft-model type (draft-simple, ...) without -md is an error that
+    names the fix (`need_draft`)."""
+    opts = {o.dest: kw.pop(o.dest) for o in SPEC_OPTIONS if o.dest in kw}
+    mib = kw.pop("spec_pool_mib", None)
+    pool = None
+    if mib is not None:
+        if mib < 1:
+            raise ConfigError(f"--spec-pool-mib must be >= 1, got {mib}")
+        pool = mib << 20
+    spec_type = kw.pop("spec_type", None)
+    if need_draft and model_draft is None and uses_draft_model(spec_type):
+        raise ConfigError(f"--spec-type {spec_type} drafts with a draft model: add "
+                          "-md/--model-draft FILE.gguf (or use an ngram-* type or auto)")
+    return spec_config_from_options(spec_type=spec_type, pool_bytes=pool,
+                                    policy=kw.pop("draft_policy", None), **opts)
+
+
+def _read(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
+
+
+def sampling_from_values(kw: dict[str, Any]):
+    """Pop the sampling flags into SamplingParams (grammar from --grammar/-file, -j/-jf)."""
+    from .sampling import SamplingParams, schema_grammar, seed_or_random
+
+    grammar, gfile = kw.pop("grammar", None), kw.pop("grammar_file", None)
+    schema, sfile = kw.pop("json_schema", None), kw.pop("json_schema_file", None)
+    if sum(x is not None for x in (grammar, gfile, schema, sfile)) > 1:
+        raise ConfigError("use only one of --grammar, --grammar-file, --json-schema and "
+                          "--json-schema-file")
+    if gfile is not None:
+        grammar = _read(gfile, "--grammar-file")
+    if sfile is not None:
+        schema = _read(sfile, "--json-schema-file")
+    if schema is not None:
+        parsed = strict_json.loads(schema, "--json-schema")
+        grammar = schema_grammar(parsed if parsed else {"type": "object"})
+    seed = kw.pop("seed", -1)
+    return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
+                          min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
+                          repeat_last_n=kw.pop("repeat_last_n"),
+                          frequency_penalty=kw.pop("frequency_penalty"),
+                          presence_penalty=kw.pop("presence_penalty"),
+                          seed=seed_or_random(seed), grammar=grammar, **_samplers_from_values(kw))
+
+
+#: flags whose value is SamplingParams' field of the same name (`_samplers_from_values`)
+_SAMPLER_FIELDS = ("dry_multiplier", "dry_allowed_length", "dry_penalty_last_n",
+                   "xtc_probability", "xtc_threshold", "typical_p", "top_n_sigma", "mirostat",
+                   "mirostat_eta", "mirostat_tau", "dynatemp_range", "dynatemp_exponent")
+
+
+def _token_bias(value: str) -> tuple[int, float]:
+    """llama.cpp's -l value TOKEN(+|-)BIAS: a token id, then a signed bias (inf allowed)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([+-]\s*(?:inf|[0-9.]+(?:e[+-]?\d+)?))\s*", value, re.I)
+    if m is None:
+        raise ConfigError(f"-l/--logit-bias takes TOKEN(+|-)BIAS, e.g. 15043+1 or 15043-inf; "
+                          f"got {value!r}")
+    return int(m.group(1)), float(m.group(2).replace(" ", ""))
+
+
+def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
+    """Pop llama-server's other sampler flags into SamplingParams fields: DRY's base
+    below 1 is the default (as llama.cpp), given breakers replace the default ('none':
+    no breakers); --samplers or --sampler-seq set the order (sampler_chain.parse_order)."""
+    from .sampler_chain import DEFAULT_ORDER, parse_order
+    from .sampling import SamplingParams
+
+    out = {k: kw.pop(k) for k in _SAMPLER_FIELDS if k in kw}
+    out["ignore_eos"] = bool(kw.pop("ignore_eos", False))
+    out["logit_bias"] = tuple(_token_bias(v) for v in kw.pop("logit_bias", ()) or ())
+    base = kw.pop("dry_base", None)
+    out["dry_base"] = SamplingParams.dry_base if base is None or base < 1.0 else base
+    breakers = kw.pop("dry_sequence_breaker", ())
+    if breakers:
+        out["dry_sequence_breakers"] = tuple(b for b in breakers if b != "none")
+    names, seq = kw.pop("samplers", None), kw.pop("sampler_seq", None)
+    if names is not None and seq is not None:
+        raise ConfigError("use only one of --samplers and --sampler-seq")
+    order = names if names is not None else seq
+    out["samplers"] = DEFAULT_ORDER if order is None else parse_order(order)
+    return {k: v for k, v in out.items() if v is not None}
+
+
+#: the flags of runtime.LoadOptions (llama.cpp's load and context settings)
+_LOAD = ("batch_size", "ubatch_size", "flash_attn", "kv_unified", "threads_batch",
+         "n_gpu_layers", "load_mode", "mmap", "mlock", "repack", "swa_full", "cache_type_k",
+         "cache_type_v")
+
+
+def load_options(kw: dict[str, Any]):
+    """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack,
+    --swa-full, -ctk/-ctv into runtime.LoadOptions."""
+    from .runtime import LoadOptions
+
+    v = {d: kw.pop(d) for d in _LOAD}
+    return LoadOptions(n_batch=v["batch_size"], n_ubatch=v["ubatch_size"],
+                       flash_attn=_on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
+                       threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
+                       load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
+                       repack=v["repack"], swa_full=bool(v["swa_full"]),
+                       cache_type_k=kv_type_name(v["cache_type_k"] or "f16"),
+                       cache_type_v=kv_type_name(v["cache_type_v"] or "f16"))
+
+
+def engine_settings(kw: dict[str, Any], n_seq: int = 1, verbose: bool = False,
+                    spec: SpecConfig | None = None):
+    """Pop a command's model, load and speculation flags (-m, -md, -c, -t,
+    --draft-p-min, --no-batch-invariance, `load_options`' and `spec_from_values`')
+    into the one runtime.EngineSettings (`spec`: one built already)."""
+    from .runtime import EngineSettings
+
+    model_draft = kw.pop("model_draft", None)
+    return EngineSettings(
+        model=kw.pop("model", None), model_draft=model_draft,
+        n_ctx=kw.pop("ctx_size"), threads=kw.pop("threads", None),
+        spec=spec if spec is not None else spec_from_values(kw, model_draft),
+        n_seq=n_seq, draft_p_min=kw.pop("draft_p_min", 0.0) or 0.0,
+        batch_invariant=not kw.pop("no_batch_invariance", False),
+        options=load_options(kw), verbose=verbose)
+
+

@@ -1,0 +1,219 @@
+"""Build an Engine from user-level settings (model paths, sizes, speculation)."""
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..llama import file_pages
+from ..settings.config import SpecConfig
+from ..spec.cost import Calibration, calibrate_context
+from .engine import Engine
+from ..errors import ConfigError
+from ..settings.llama_values import MLOCK_MODES
+from ..llama.context import TILED_PREFILL_MIN, ContextParams
+from ..llama.model import Model, check_model_file, default_model_path
+from ..spec.memory import available_bytes, plan_auto
+from ..llama.omp import on_passing_thread
+from ..spec.policy import CostPolicy
+from ..llama.twin import load_twin, open_context, repack_is_safe
+
+
+def default_threads() -> int:
+    return max(os.cpu_count() or 1, 1)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """llama.cpp settings a user may set on the command line (-b, -ub, -fa, -kvu, -tb,
+    -ngl, --load-mode, --no-repack); `context_params` decides what of them is applied."""
+
+    n_batch: int = 512
+    n_ubatch: int | None = None
+    flash_attn: str = "auto"  # on | off | auto
+    kv_unified: bool | None = None
+    threads_batch: int | None = None
+    n_gpu_layers: int = 0
+    load_mode: int = -1
+    repack: bool = True  # exact mode: prompts on the repacked twin (ngramspec/llama/twin.py)
+    swa_full: bool = False  # --swa-full (or --context-shift): full-size SWA cache
+    cache_type_k: str = "f16"  # -ctk/-ctv: KV cache types (model.KV_TYPES)
+    cache_type_v: str = "f16"
+
+
+def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
+                   batch_invariant: bool, verbose: bool = False) -> tuple[ContextParams, list[str]]:
+    """The context settings for `opts`, and one line per setting changed to keep
+    exactness (docs/exactness.md, "Command-line flags and exactness").
+
+    Batch-invariant: flash attention stays on; one KV stream per slot; -b and -ub
+    are at least TILED_PREFILL_MIN (64) so prompts take the tiled path (rule T);
+    -ub is at most -b (as llama.cpp clamps it). Otherwise every value is applied."""
+    notes = []
+    n_batch, n_ubatch = opts.n_batch, min(opts.n_ubatch or opts.n_batch, opts.n_batch)
+    fa = {"on": True, "off": False, "auto": None}[opts.flash_attn]
+    kvu = opts.kv_unified
+    if batch_invariant:
+        if fa is False:
+            notes.append("-fa off would break exactness (batch invariance needs flash "
+                         "attention): flash attention stays on; --no-batch-invariance allows off")
+        fa = True
+        if kvu and n_seq > 1:
+            notes.append("--kv-unified would break exactness (slots' KV cells would "
+                         "interleave): one KV stream per slot; --no-batch-invariance allows it")
+        kvu = None
+        if n_ubatch < TILED_PREFILL_MIN:
+            notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
+                         f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
+            n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
+    offload, note = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
+    notes += [note] if note else []
+    if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
+        raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
+                          "the V cache only with it): drop -fa off or use -ctv f16")
+    return ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq,
+                         n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
+                         kv_unified=kvu, batch_invariant=batch_invariant,
+                         swa_full=True if opts.swa_full or not batch_invariant else None,
+                         type_k=opts.cache_type_k, type_v=opts.cache_type_v,
+                         op_offload=offload), notes
+
+
+def device_policy(n_gpu_layers: int, batch_invariant: bool,
+                  verbose: bool = False) -> tuple[bool, str | None]:
+    """(llama.cpp's op_offload, a note or None) for a build whose devices are
+    `kernels.guard.devices()`. Exactness is verified on the CPU backend only
+    (docs/exactness.md, "Builds with a GPU backend"): in exact mode with a device besides
+    the CPU, -ngl 0 keeps every node on the CPU (no op offload) and -ngl > 0 is refused
+    (ConfigError); --no-batch-invariance runs as llama.cpp would."""
+    from ..llama.kernels import guard
+    from ..llama.backend import _quiet_logs
+
+    _quiet_logs(verbose)  # llama.cpp initialized (its logs quiet unless verbose): devices known
+    other = [f"{n} ({t})" for n, t in guard.devices() if t != "CPU"]
+    if not other or not batch_invariant:
+        return True, None
+    if n_gpu_layers != 0:
+        raise ConfigError(f"-ngl {n_gpu_layers if n_gpu_layers > 0 else 'all'} would put layers "
+                          f"on {', '.join(other)}: ngramspec's exactness is verified on the CPU "
+                          "backend only; use -ngl 0, or --no-batch-invariance to run on the "
+                          "device with output that may differ from spec-off")
+    return False, (f"llama.cpp has {', '.join(other)}: with -ngl 0 every node stays on the CPU "
+                   "(no op offload), as exactness needs; ngramspec's kernels are off")
+
+
+def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: bool,
+                 verbose: bool) -> tuple[Model, Model | None]:
+    """The generation model and, in exact mode where the CPU allows, its prefill twin
+    (repacked weights, twin.py). The twin loads on a thread of its own while the main
+    model loads (llama.cpp releases the GIL; most of a load is vocabulary and tensor
+    set-up on one core): ~0.4 s less start-up on 2 cores. A failure of either frees
+    the other and is raised."""
+    path = check_model_file(model_path or default_model_path())
+    load = {"verbose": verbose, "n_gpu_layers": opts.n_gpu_layers, "load_mode": opts.load_mode}
+    repack = opts.repack and repack_is_safe()
+    box: dict = {}
+
+    def twin_target() -> None:
+        try:
+            box["twin"] = load_twin(path, **load)
+        except BaseException as e:  # raised in the caller
+            box["error"] = e
+
+    loader = threading.Thread(target=twin_target, name="ngramspec-twin", daemon=True)
+    if repack and batch_invariant:
+        loader.start()
+    try:
+        model = Model(path, use_extra_bufts=repack and not batch_invariant, **load)
+    except BaseException:
+        if loader.ident is not None:
+            loader.join()
+        if box.get("twin") is not None:
+            box["twin"].close()
+        raise
+    if loader.ident is not None:
+        loader.join()
+    if "error" in box:
+        model.close()
+        raise box["error"]
+    twin = box.get("twin")
+    if twin is not None and opts.load_mode not in MLOCK_MODES:  # the twin's copy, else all
+        file_pages.drop(path, twin.file_span)
+    return model, twin
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Everything `load_engine` needs: the one object generate, serve, batch and bench
+    build (`flag_values.engine_settings` from the flag table; the server from its settings,
+    which the same table defines) and pass."""
+
+    model: str | None = None  # None: the embedded model
+    model_draft: str | None = None
+    n_ctx: int = 4096
+    threads: int | None = None  # None: every core
+    spec: SpecConfig = field(default_factory=lambda: SpecConfig(types=()))
+    n_seq: int = 1
+    draft_p_min: float = 0.0
+    batch_invariant: bool = True
+    options: LoadOptions = field(default_factory=LoadOptions)
+    verbose: bool = False
+
+
+@on_passing_thread
+def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda line: None
+                ) -> Engine:
+    """Load the target (and optional draft) model and return a ready Engine.
+
+    With spec type auto, free memory decides whether the draft model is loaded
+    and whether speculation runs at all; `notify` gets the one-line reason, and
+    one line per llama.cpp setting kept for exactness (`context_params`).
+
+    Runs on a thread of its own that has ended when it returns (`omp.on_passing_thread`):
+    the decodes of loading leave no OpenMP pool on the caller's thread to slow the
+    decodes of whichever thread runs the engine afterwards.
+    """
+    s = settings
+    plan = plan_auto(s.spec, s.model_draft, available_bytes())
+    if plan.note:
+        notify(plan.note)
+    spec, draft_path = plan.spec, (s.model_draft if plan.use_draft_model else None)
+    if s.n_ctx < 16:
+        raise ConfigError(f"-c/--ctx-size must be >= 16, got {s.n_ctx}")
+    if s.threads is not None and s.threads < 1:
+        raise ConfigError(f"-t/--threads must be >= 1, got {s.threads}")
+    if s.n_seq < 1:
+        raise ConfigError(f"-np/--parallel must be >= 1, got {s.n_seq}")
+    threads = s.threads or default_threads()
+    cparams, notes = context_params(s.n_ctx, s.n_seq, threads, s.options, s.batch_invariant,
+                                    s.verbose)
+    for line in notes:
+        notify(line)
+    model, twin = _load_models(s.model, s.options, s.batch_invariant, s.verbose)
+    ctx = open_context(model, cparams, twin)
+    dd = None
+    if draft_path is not None:
+        from ..spec.draft_model import DraftModelDrafter
+
+        dd = DraftModelDrafter.load(draft_path, model, n_ctx=s.n_ctx, n_seq=s.n_seq,
+                                    threads=threads, p_min=s.draft_p_min, verbose=s.verbose,
+                                    n_max=spec.draft_max if spec.draft_max is not None else 16)
+    cal = calibrate_context(model.path, ctx) if spec.enabled and spec.policy == "cost" else None
+    return engine_on(model, ctx, spec, dd, cal)
+
+
+def engine_on(model: Model, ctx, spec: SpecConfig, draft_drafter=None,
+              calibration: Calibration | None = None, keep_refined: bool = True) -> Engine:
+    """An engine on a loaded model and context: the one rule for its draft policy
+    (`load_engine` and every engine `bench` builds). Where something drafts (spec types,
+    or a drafter of its own: -md, the oracle) and the policy is cost, drafts are priced
+    with the calibrated curve (`keep_refined`: the curve the run refines is saved for
+    the next run); otherwise, or without a curve, llama.cpp's fixed policy."""
+    policy = None
+    drafts = spec.enabled or draft_drafter is not None
+    if drafts and spec.policy == "cost" and calibration is not None:
+        policy = CostPolicy(calibration.cost, compare_all=spec.auto,
+                            save=calibration.save if keep_refined else None)
+    return Engine(model, ctx, spec, draft_drafter=draft_drafter, policy=policy,
+                  calibration=calibration)

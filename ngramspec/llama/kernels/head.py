@@ -1,0 +1,207 @@
+"""The output layer of generation decodes, computed by ngramspec, bit-identical to llama.cpp's.
+
+Gemma 3's output layer (262,144 x 640, Q8_0) is over half of a one-token decode.
+llama.cpp evaluates several logit rows through llamafile's tinyBLAS, whose passes
+over the matrix cost about one column's time each for every two columns on AVX2. Our
+kernel (`native/q8_head.c`) reads each weight row once for up to 4 columns and
+computes every column in the exact arithmetic order of ggml's `vec_dot_q8_0_q8_0`, so
+2 / 4 / 8 logit rows cost ~12 / 16 / 30 ms instead of ~21 / 28 / 42 ms
+(docs/benchmarks-history.md, "An output layer of our own").
+
+How a decode uses it (`Context.run_rows`, decodes with 2+ logit rows): the context's
+eval callback (llama.cpp's public `cb_eval`, a C function in the same library) ends
+the graph after `result_norm`, the last node before the output matmul (every KV write
+comes earlier), keeping its rows; this module then writes each wanted row's logits
+into llama.cpp's own logits buffer (`llama_get_logits_ith`), so samplers and
+`logits_at` read them as if llama.cpp had computed them.
+
+Invariants:
+- used only where a start-up check (`Hook.verify`) found our rows bit-identical to
+  llama.cpp's on this CPU, model and build; otherwise every decode is llama.cpp's;
+- used only when the output matmul over `result_norm` is the graph's
+  `result_output` (no logit soft-capping after it) and its weight is a plain Q8_0
+  matrix;
+- rows are matched to batch indices in llama.cpp's output order: ubatch by ubatch
+  (`ubatch.split`), within a ubatch sequence by sequence, as `llama_batch_allocr`
+  orders them; the callback records each row's position (the ubatch's `inp_pos` at the
+  row's `out_ids` entry) and `fill` raises unless every row has the position of the
+  batch index it is matched to, so a changed order never reaches a logit.
+Set NGRAMSPEC_OWN_HEAD=0 to turn it off.
+"""
+from __future__ import annotations
+
+import ctypes as C
+from typing import Sequence
+
+import numpy as np
+
+from .. import ubatch
+from . import ggml
+from .kernel import HookArgs, Kernel
+
+QK8_0 = 32
+
+
+class _Hook(C.Structure):
+    """native/q8_head.c's hook_t, field by field."""
+    _fields_ = [("name_off", C.c_int64), ("data_off", C.c_int64), ("ne_off", C.c_int64),
+                ("op_off", C.c_int64), ("src_off", C.c_int64),
+                ("op_mul_mat", C.c_int32), ("stop", C.c_int32),
+                ("rows", C.c_void_p), ("cap", C.c_int64), ("n_rows", C.c_int64),
+                ("overflow", C.c_int32), ("norm", C.c_void_p), ("head", C.c_void_p),
+                ("head_is_output", C.c_int32), ("row_pos", C.c_void_p), ("ub_pos", C.c_void_p),
+                ("ub_out", C.c_void_p), ("pos_cap", C.c_int64), ("n_ub_pos", C.c_int64),
+                ("n_ub_out", C.c_int64)]
+
+
+class Hook:
+    """A context's eval callback and the output layer it hands rows to.
+
+    `create` gives one where the kernel and llama.cpp's libraries can be had;
+    `install(params)` puts the C callback into llama_context_params before the context
+    is created; `verify(ctx)` (once, on an empty context) finds the output weight and
+    checks our rows against llama.cpp's; `active` says whether decodes use it."""
+
+    @classmethod
+    def create(cls, lib: C.CDLL, args: HookArgs) -> "Hook":
+        return cls(lib, args.n_embd, args.n_batch, args.n_threads)
+
+    def __init__(self, lib: C.CDLL, n_embd: int, max_rows: int, n_threads: int):
+        self.from_float = ggml.from_float(ggml.GGML_TYPE_Q8_0)
+        off = ggml.tensor_offsets()
+        self.lib, self.n_embd, self.n_threads = lib, n_embd, n_threads
+        self.rows = np.zeros((max_rows, n_embd), np.float32)
+        # row_pos, ub_pos, ub_out: a ubatch holds at most n_batch tokens
+        self.pos = np.zeros((3, max_rows), np.int32)
+        self.hook = _Hook(name_off=off["name"], data_off=off["data"], ne_off=off["ne"],
+                          op_off=off["op"], src_off=off["src"], op_mul_mat=ggml.op_code("MUL_MAT"),
+                          rows=self.rows.ctypes.data, cap=self.rows.size,
+                          row_pos=self.pos[0].ctypes.data, ub_pos=self.pos[1].ctypes.data,
+                          ub_out=self.pos[2].ctypes.data, pos_cap=max_rows, n_ub_pos=-1,
+                          n_ub_out=-1)
+        self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
+        self.weight: tuple[int, int] | None = None  # (data pointer, rows)
+        self.active = self._checking = False
+
+    def install(self, cparams) -> None:
+        import llama_cpp
+
+        cparams.cb_eval = C.cast(self.cb, llama_cpp.ggml_backend_sched_eval_callback)
+        cparams.cb_eval_user_data = C.cast(C.pointer(self.hook), C.c_void_p)
+
+    def _find_weight(self) -> tuple[int, int] | None:
+        """The output layer's weight as (data, rows) if it is a plain contiguous Q8_0
+        matrix multiplied into `result_output` itself, else None."""
+        off, h = ggml.tensor_offsets(), self.hook
+        if not h.head or not h.head_is_output:
+            return None
+        t = h.head
+        if C.c_int.from_address(t + off["type"]).value != ggml.GGML_TYPE_Q8_0:
+            return None
+        ne0, ne1 = (C.c_int64.from_address(t + off["ne"] + 8 * i).value for i in (0, 1))
+        nb1 = C.c_size_t.from_address(t + off["nb"] + 8).value
+        data = C.c_void_p.from_address(t + off["data"]).value
+        if ne0 != self.n_embd or ne0 % QK8_0 or nb1 != ne0 // QK8_0 * 34 or not data:
+            return None
+        return data, ne1
+
+    def wants(self, n_logits: int) -> bool:
+        """Whether a decode with n_logits logit rows takes our output layer: 2 or more
+        rows (one row costs both kernels the same), once verified (or being verified)."""
+        return (self.active or self._checking) and n_logits >= 2
+
+    def arm(self) -> None:
+        """Before a decode that takes our layer: end its graph at result_norm, keeping the
+        rows. Invariant: only such a decode runs armed (`fill` or `disarm` ends it)."""
+        self.hook.stop, self.hook.n_rows, self.hook.overflow = 1, 0, 0
+
+    def disarm(self) -> None:
+        self.hook.stop = 0
+
+    def fill(self, ctx, order: Sequence[int], wanted: set[int], positions: Sequence[int]) -> None:
+        """After an armed decode: the logits of the batch indices in `wanted`, written
+        into llama.cpp's buffer. `order`: the batch index of each result_norm row, in
+        the order llama.cpp evaluated them; `positions`: each batch index's position.
+        Raises RuntimeError unless llama.cpp's rows are as many and each has the
+        position of the batch index `order` gives it. During `verify`'s decode only the
+        rows are kept (verify computes them into buffers of its own)."""
+        import llama_cpp
+
+        h = self.hook
+        self.disarm()
+        if h.overflow or h.n_rows != len(order):
+            raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
+                               f"logit rows (overflow={h.overflow})")
+        got = self.pos[0, :h.n_rows]
+        want = np.fromiter((positions[i] for i in order), np.int32, len(order))
+        if not np.array_equal(got, want):
+            bad = int(np.argmax(got != want))
+            raise RuntimeError(f"the output layer's row {bad} is at position {got[bad]}, "
+                               f"batch index {order[bad]} at {want[bad]}: llama.cpp's row "
+                               f"order is not the one assumed")
+        which = [j for j, i in enumerate(order) if i in wanted]
+        if which and not self._checking:
+            self._compute(which, [llama_cpp.llama_get_logits_ith(ctx.ptr, order[j])
+                                  for j in which])
+
+    def _compute(self, which: Sequence[int], out: Sequence) -> None:
+        """Logits of the kept result_norm rows `which` into the float buffers `out`."""
+        w, n_vocab = self.weight
+        idx = (C.c_int32 * len(which))(*which)
+        ptrs = (C.c_void_p * len(which))(*[C.cast(p, C.c_void_p).value for p in out])
+        rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, self.rows.ctypes.data, self.n_embd,
+                                    idx, len(which), ptrs, self.n_threads, self.from_float)
+        if rc != 0:
+            raise MemoryError("the output layer could not allocate its quantized columns")
+
+    def verify(self, ctx, tokens: Sequence[int]) -> bool:
+        """On an empty context: decode `tokens` (5 or more, all logits) in sequence 0 with
+        llama.cpp's output layer, then again ended at result_norm, and turn ours on if
+        the weight qualifies and our logits of the kept rows, computed into fresh
+        buffers, are bit-identical to llama.cpp's. Leaves sequence 0 empty."""
+        rows = ctx.run_rows([(0, tokens, 0, True)], {})[0]
+        theirs = np.stack([ctx.logits_at(i).copy() for i in rows])
+        ctx.truncate(0, 0)
+        self.weight = self._find_weight()
+        if self.weight is None:
+            return False
+        self._checking = True
+        try:
+            ctx.run_rows([(0, tokens, 0, True)], {})
+        except RuntimeError:  # `fill` found other rows or positions than asked: never used
+            return False
+        finally:
+            self._checking = False
+            ctx.truncate(0, 0)
+        ours = np.full_like(theirs, np.nan)
+        self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours])
+        self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
+        return self.active
+
+
+def output_order(lengths: Sequence[tuple[int, int]], logits: Sequence[bool], n_ubatch: int,
+                 per_seq_streams: bool) -> list[int]:
+    """The batch indices of the rows with logits, in the order llama.cpp evaluates them:
+    ubatch after ubatch (`ubatch.split` of the batch's (seq_id, tokens) entries, laid out
+    entry after entry), within a ubatch entry by entry, each entry's tokens in order."""
+    start, cursor = {}, {}
+    at = 0
+    for seq_id, n in lengths:
+        start[seq_id], cursor[seq_id] = at, 0
+        at += n
+    order = []
+    for ub in ubatch.split(lengths, n_ubatch, per_seq_streams):
+        for seq_id, n in ub.take:
+            first = start[seq_id] + cursor[seq_id]
+            order.extend(i for i in range(first, first + n) if logits[i])
+            cursor[seq_id] += n
+    return order
+
+
+#: checked on each context's own output weight (`Hook.verify`), not once per process
+KERNEL = Kernel(
+    name="head", source="q8_head", env="NGRAMSPEC_OWN_HEAD", hook_struct=_Hook,
+    functions={"ngs_q8_0_head": (C.c_int, [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p,
+                                           C.c_int64, C.c_void_p, C.c_int, C.c_void_p, C.c_int,
+                                           C.c_void_p])},
+    create=Hook.create, node_kernel=False, variants=("avx512vnni", "avx2"))

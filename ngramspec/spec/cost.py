@@ -1,0 +1,486 @@
+"""Cost model: the time of one llama_decode, and acceptance statistics -> draft length.
+
+A decode runs as the ubatches llama.cpp splits it into (`ubatch.py`), each a
+graph of its own, so its time is modelled from that split:
+
+    t = per_ubatch * ubatches + per_token * tokens (padding included)
+        + per_logit * logit rows + per_kv * sum over tokens of (stream cells / 1000)
+        + per_odd * ubatches with a ragged logit count (`ubatch.ragged`)
+        + per_multi * ubatches with 2+ logit rows
+
+On a 2-core CPU with Gemma 3 270M: ~9 ms per ubatch (weights streamed once per
+graph), ~1.8 ms per token, ~1.2 ms more per logit row (the 262k-row output layer),
+and ~8.5 ms once a ubatch has two logit rows or more: llama.cpp evaluates a single
+logit row with vec_dot and several with llamafile's sgemm, whose setup over the
+output layer costs that much (measured: 1 token 10.8 ms, 2 tokens with one logit
+row 13.1 ms, with two 23.0 ms; 16 tokens with one 37.7 ms, with sixteen 64.4 ms).
+A verify step that evaluates `sampled` + K draft tokens emits 1 + A tokens,
+A = accepted draft tokens. With p_i the probability that draft token i is
+accepted given tokens 1..i-1 were,
+    E[tokens | K] = 1 + sum_{i<=K} prod_{j<=i} p_j.
+
+Invariants:
+- `DecodeCost.seconds` is positive and non-decreasing in every entry's tokens
+  (all coefficients are >= 0 and per_ubatch > 0).
+- `AcceptanceStats` estimates p_i from decayed counts with a Beta prior, so an
+  unseen position is neither certain nor hopeless, and old evidence fades.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+from ..llama import ubatch
+from ..settings.paths import cache_dir
+
+MAX_DRAFT = 64
+#: what `DecodeCost.features` counts per decode, in the order of `DecodeCost.coef`
+FEATURES = ("ubatches", "tokens", "logit rows", "token-kilocells", "ragged ubatches",
+            "multi-logit ubatches")
+#: `DecodeCost`'s coefficient fields, one per feature, in FEATURES' order
+COEF_FIELDS = ("per_ubatch", "per_token", "per_logit", "per_kv", "per_odd", "per_multi")
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One entry of a decode: a sequence's tokens, how many want logits, its stream's cells."""
+
+    seq_id: int
+    n_tokens: int
+    n_logits: int
+    n_kv: int = 0
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """Seconds of one llama_decode, from the ubatches llama.cpp splits it into."""
+
+    per_ubatch: float
+    per_token: float
+    per_logit: float
+    per_kv: float = 0.0  # per token per 1000 cells of its stream
+    per_odd: float = 0.0  # per ubatch with a ragged logit count (a second sgemm pass)
+    per_multi: float = 0.0  # per ubatch with 2+ logit rows (the output layer's sgemm)
+    per_seq_streams: bool = False  # the context's KV layout (decides the split)
+    n_ubatch: int = 512
+    pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
+    lone_ok: bool = False  # a lone token needs no padding row (Context.lone_ok)
+    logit_quantum: int = 2  # sgemm columns per pass (model.logit_quantum)
+
+    def __post_init__(self) -> None:
+        if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv,
+                                       self.per_odd, self.per_multi) < 0:
+            raise ValueError(f"a decode cost needs a positive per-ubatch cost and no negative "
+                             f"coefficient: {self}")
+
+    def features(self, shapes: Sequence[Shape]) -> np.ndarray:
+        """(ubatches, tokens with padding, logit rows, token-kilocells, ragged-logit
+        ubatches, multi-logit ubatches) of one decode, laid out as `Context.decode`
+        lays it out."""
+        shapes = [s for s in shapes if s.n_tokens > 0]
+        lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
+                            self.n_ubatch, self.per_seq_streams, pad=self.pad,
+                            quantum=self.logit_quantum, lone_ok=self.lone_ok)
+        pads = lay.pads
+        tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
+        kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
+        odd = sum(1 for n in lay.logits if ubatch.ragged(n, self.logit_quantum))
+        multi = sum(1 for n in lay.logits if n >= 2)
+        return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd, multi], dtype=float)
+
+    @property
+    def coef(self) -> np.ndarray:
+        return np.array([getattr(self, f) for f in COEF_FIELDS])
+
+    def with_coef(self, coef: Sequence[float]) -> "DecodeCost":
+        """The same layout with other coefficients (in COEF_FIELDS' order)."""
+        return replace(self, **{f: float(c) for f, c in zip(COEF_FIELDS, coef)})
+
+    def seconds(self, shapes: Sequence[Shape]) -> float:
+        return float(self.features(shapes) @ self.coef)
+
+    def t(self, n: int, n_kv: int = 0) -> float:
+        """One sequence verifying n tokens (all logits)."""
+        return self.seconds([Shape(0, n, n, n_kv)])
+
+    def table(self, k_max: int = MAX_DRAFT, n_kv: int = 0) -> np.ndarray:
+        """t(K+1) for K = 0..k_max (one sequence alone)."""
+        return np.asarray([self.t(k + 1, n_kv) for k in range(k_max + 1)])
+
+    @classmethod
+    def linear(cls, base_s: float, per_token_s: float) -> "DecodeCost":
+        """A synthetic single-stream model t(n) = base + per_token * (n - 1), exactly
+        (no padding) (tests)."""
+        return cls(per_ubatch=base_s - per_token_s, per_token=0.0, per_logit=per_token_s,
+                   pad=False)
+
+    @classmethod
+    def fit(cls, samples: Sequence[tuple[Sequence[Shape], float]], **layout) -> "DecodeCost":
+        """Least squares over measured decodes, coefficients kept >= 0. A feature the
+        samples do not determine (never observed, or a combination of the others, as
+        "2+ logit rows" is when every sample had them) keeps 0, so the model does not
+        extrapolate it to decodes unlike the samples."""
+        probe = cls(1.0, 0.0, 0.0, **layout)
+        x = np.array([probe.features(sh) for sh, _ in samples])
+        y = np.array([sec for _, sec in samples])
+        n = x.shape[1]
+        active = [bool(x[:, i].any()) for i in range(n)]  # unobserved features stay 0
+        # features the samples cannot tell apart stay 0 too, the later ones first (e.g.
+        # "2+ logit rows" when every sample had them, which is then the per-ubatch cost)
+        for i in range(n - 1, 0, -1):
+            cols = [j for j in range(n) if active[j]]
+            if np.linalg.matrix_rank(x[:, cols]) == len(cols):
+                break
+            active[i] = False
+        coef = _nonneg_lstsq(x, y, np.ones(len(y)), active)
+        return cls(*[float(c) for c in coef], **layout)
+
+
+@dataclass
+class AcceptanceStats:
+    """Decayed per-position acceptance counts of one drafter (optionally per sequence).
+
+    offered[i]: drafts whose position i was verified (all earlier accepted);
+    accepted[i]: of those, how many accepted position i.
+    """
+
+    decay: float = 0.97
+    # Beta prior of the pooled rate: a cold drafter is trusted at 1/1.1 = 0.91 per
+    # token, and one unaccepted pseudo-token of 0.1 keeps the hazard estimate
+    # positive but lets a drafter that is never wrong (a copy) reach the long
+    # drafts where verification is cheapest per token within a few steps.
+    prior_accept: float = 1.0
+    prior_reject: float = 0.1
+    shrink: float = 1.0  # pseudo-observations pulling each position towards the pool
+    offered: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
+    accepted: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
+    n_updates: int = 0
+
+    def update(self, n_offered: int, n_accepted: int) -> None:
+        """Record a verified draft of length n_offered with n_accepted accepted."""
+        n_offered = min(n_offered, MAX_DRAFT)
+        n_accepted = min(n_accepted, n_offered)
+        self.offered *= self.decay
+        self.accepted *= self.decay
+        seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
+        self.offered[:seen] += 1
+        self.accepted[:n_accepted] += 1
+        self.n_updates += 1
+
+    def p(self) -> np.ndarray:
+        """Conditional acceptance probability per position (posterior mean).
+
+        Each position shrinks towards the drafter's pooled rate over all positions
+        (itself shrunk towards the Beta prior), so positions never offered yet
+        inherit what the drafter shows elsewhere: a drafter that is always right
+        gets tried at lengths it has not reached before.
+        """
+        pooled = (self.accepted.sum() + self.prior_accept) / (
+            self.offered.sum() + self.prior_accept + self.prior_reject)
+        return (self.accepted + self.shrink * pooled) / (self.offered + self.shrink)
+
+    def expected_tokens(self) -> np.ndarray:
+        """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT."""
+        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.p()))])
+
+
+def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple[int, float]:
+    """(K, tokens per second) maximising E[tokens | K] / t(K+1) over K in 0..max_len.
+
+    `cost` is DecodeCost.table(): cost[K] = t(K+1).
+    """
+    k_max = int(min(max_len, len(cost) - 1, MAX_DRAFT))
+    if k_max <= 0:
+        return 0, 1.0 / cost[0]
+    rate = stats.expected_tokens()[:k_max + 1] / cost[:k_max + 1]
+    k = int(np.argmax(rate))
+    return k, float(rate[k])
+
+
+# ------------------------------------------------------------------ calibration
+
+
+def cache_path() -> Path:
+    """decode_cost.json in the cache folder (paths.cache_dir)."""
+    return cache_dir() / "decode_cost.json"
+
+
+def calibration_shapes(per_seq_streams: bool, n_seq: int = 4,
+                       n_ctx_seq: int = 4096, n_batch: int = 512,
+                       pad: bool = True) -> list[list[Shape]]:
+    """Decodes measured to fit a DecodeCost: one stream at several sizes, with and
+    without logits, with and without context; with one stream per sequence also
+    several streams and decodes llama.cpp splits into two ubatches. Every shape
+    fits a sequence of n_ctx_seq cells and n_seq sequences, and one decode of n_batch
+    tokens (`fits_batch`, with padding when `pad`)."""
+    sizes = [n for n in (1, 2, 4, 8, 32, 63) if n < n_ctx_seq]
+    shapes = [[Shape(0, n, n)] for n in sizes]
+    shapes += [[Shape(0, n, 1)] for n in (4, 16, 63) if n < n_ctx_seq]
+    kv = min(1024, (n_ctx_seq - 64) // 64 * 64)
+    if kv >= 256:
+        shapes += [[Shape(0, n, n, kv)] for n in (2, 32)]
+    k = min(n_seq, 4)
+    if per_seq_streams and k >= 2 and n_ctx_seq > 16:
+        shapes += [[Shape(s, 1, 1) for s in range(k)],
+                   [Shape(0, 9, 9)] + [Shape(s, 1, 1) for s in range(1, k)],
+                   [Shape(0, 2, 2), Shape(1, 5, 5)]]
+        if k >= 3:  # an odd logit count no padding row can even out
+            shapes += [[Shape(s, 1, 1) for s in range(3)], [Shape(s, 3, 3) for s in range(3)]]
+    return [sh for sh in shapes if fits_batch(sh, n_batch, pad)]
+
+
+def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
+    """Whether one decode of `shapes` fits a batch of n_batch tokens, counting the one
+    padding token a batch-invariant context (`pad`) may add per sequence."""
+    return sum(s.n_tokens + pad for s in shapes) <= n_batch
+
+
+Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
+
+
+#: the curve measured for Gemma 3 270M Q4_K_M on 2 cores (AVX-512), one stream: the prior
+#: of a model that has no cached curve yet, refitted to the run's first decodes (CostTracker)
+DEFAULT_COEF = {"per_ubatch": 0.0092, "per_token": 0.0015, "per_logit": 0.0017,
+                "per_kv": 0.0012, "per_odd": 0.020, "per_multi": 0.0085}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The decode-cost model a run starts from, and how it was obtained.
+
+    source: "cache" (the cached curve), "default" (no cached curve: DEFAULT_COEF;
+    `save` then writes the curve the run has learnt to the cache, once: CostPolicy
+    calls it after SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and
+    cached). Either way the run refines its curve from its own decodes (CostTracker)."""
+
+    cost: DecodeCost
+    source: str
+    seconds: float  # wall time spent on it (reading the cache, or measuring in full)
+    save: Callable[[DecodeCost], None] | None = None
+
+
+def calibrate(measure: Callable[[Sequence[Shape]], float], layout: dict,
+              shapes: Sequence[Sequence[Shape]], repeats: int = 3) -> DecodeCost:
+    """Fit a DecodeCost to `measure(shapes)` = seconds of one decode (the minimum of
+    `repeats` runs: the least disturbed one)."""
+    samples = [(sh, min(measure(sh) for _ in range(repeats))) for sh in shapes]
+    return DecodeCost.fit(samples, **layout)
+
+
+def _read_cache(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text()) if path.exists() else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def save_curve(key: str, cost: DecodeCost, replace: bool = True) -> None:
+    """Write `cost` as the cached curve of `key` (with replace=False only if the cache
+    has none yet, e.g. another process wrote one meanwhile). A read-only cache folder
+    only costs the next run its default start."""
+    path = cache_path()
+    data = _read_cache(path)
+    if not replace and key in data:
+        return
+    coef = {k: v for k, v in asdict(cost).items() if k.startswith("per_") and k != "per_seq_streams"}
+    data[key] = {"coef": coef, "measured_at": time.time()}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
+def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
+                      n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False,
+                      n_batch: int = 512) -> Calibration:
+    """The cost model for `key` (model file + size + threads + kernels + KV layout).
+
+    Invariants: nothing is measured on the caller's critical path (a blocking
+    re-check flapped on timing noise and cost more than the generation it was for;
+    even two probe decodes cost a start-up 0.1-0.5 s on a busy 2-core machine): the
+    run starts from the cached curve, or from DEFAULT_COEF when none is cached (then
+    the curve the run learns is cached once, `Calibration.save`), and its own decodes
+    refine the curve within the run (CostTracker; its first refits after
+    CostTracker.FIRST_REFITS decodes). Only `refresh` measures every calibration shape
+    and rewrites the entry; every decode it measures fits n_batch."""
+    t0 = time.perf_counter()
+    if refresh:
+        shapes = calibration_shapes(layout.get("per_seq_streams", False), n_seq, n_ctx_seq,
+                                    n_batch, layout.get("pad", True))
+        cost = calibrate(measure, layout, shapes)
+        save_curve(key, cost)
+        return Calibration(cost, "measured", time.perf_counter() - t0)
+    entry = _read_cache(cache_path()).get(key)
+    if entry is not None:
+        try:
+            return Calibration(DecodeCost(**entry["coef"], **layout), "cache",
+                               time.perf_counter() - t0)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return Calibration(DecodeCost(**DEFAULT_COEF, **layout), "default", time.perf_counter() - t0,
+                       save=lambda cost: save_curve(key, cost, replace=False))
+
+
+class CostTracker:
+    """A run's decode-cost model, refined from the decodes the run makes.
+
+    Each observed decode (its entries, its seconds) is a measurement of the model.
+    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are
+    refitted by weighted least squares on relative error over the window of recent
+    decodes plus the prior curve's own predictions for the calibration shapes
+    (PRIOR_WEIGHT decodes' worth each):
+    recent decodes weigh more (half-life HALF_LIFE decodes), so a machine that becomes
+    slower or faster, or a prior measured under other conditions, is corrected within
+    the run, while a direction the decodes do not show (long drafts never tried) keeps
+    the prior's value. One pass of residual reweighting damps single preempted
+    decodes. Coefficients stay >= 0 with a positive per-ubatch cost (DecodeCost's
+    invariant)."""
+
+    WINDOW = 256
+    HALF_LIFE = 64.0
+    REFIT_EVERY = 16
+    FIRST_REFITS = (4, 8)  # early refits: a start-up measures nothing, the run corrects the prior
+    PRIOR_WEIGHT = 0.05
+
+    def __init__(self, prior: DecodeCost):
+        self.prior = prior
+        self.current = prior
+        self._x: list[np.ndarray] = []
+        self._y: list[float] = []
+        self._since = 0
+        self.n_observed = 0  # decodes observed
+        self.predicted = 0.0  # the last observed decode's seconds by the model before it
+        shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
+                                    prior.pad)
+        self._prior_x = np.array([prior.features(sh) for sh in shapes])
+        self._prior_y = self._prior_x @ prior.coef
+
+    def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
+        """Record one decode; the (possibly refitted) current model. `predicted` keeps
+        what the model that planned the decode said it would take."""
+        x = self.prior.features(shapes)  # the layout is the prior's and the current's
+        self.predicted = float(x @ self.current.coef)
+        self._x.append(x)
+        self._y.append(float(seconds))
+        if len(self._x) > self.WINDOW:
+            del self._x[0], self._y[0]
+        self.n_observed += 1
+        self._since += 1
+        if self._since >= self.REFIT_EVERY or self.n_observed in self.FIRST_REFITS:
+            self._since = 0
+            self.current = self.refit()
+        return self.current
+
+    def refit(self) -> DecodeCost:
+        """The weighted fit described in the class docstring."""
+        x = np.vstack([np.array(self._x), self._prior_x])
+        y = np.concatenate([self._y, self._prior_y])
+        age = np.arange(len(self._y))[::-1]
+        w = np.concatenate([0.5 ** (age / self.HALF_LIFE),
+                            np.full(len(self._prior_y), self.PRIOR_WEIGHT)]) / y ** 2
+        coef = _nonneg_lstsq(x, y, w)
+        r = np.abs(x @ coef - y) / y  # relative residuals: damp the far-off decodes, refit
+        mad = np.median(r[:len(self._y)]) + 1e-3
+        w = w * np.where(r > 4 * mad, 4 * mad / np.maximum(r, 1e-12), 1.0)
+        coef = _nonneg_lstsq(x, y, w)
+        return self.prior.with_coef(coef)
+
+
+def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
+                  active: list[bool] | None = None) -> np.ndarray:
+    """Weighted least squares over the `active` columns (default: every column some row
+    uses) with every coefficient >= 0 (a negative one leaves the fit and it is solved
+    again) and the first (per-ubatch) > 0."""
+    sw = np.sqrt(w)[:, None]
+    if active is None:
+        active = [bool(x[:, i].any()) for i in range(x.shape[1])]
+    active = list(active)
+    coef = np.zeros(x.shape[1])
+    for _ in range(x.shape[1]):
+        cols = [i for i in range(x.shape[1]) if active[i]]
+        sol, *_ = np.linalg.lstsq(x[:, cols] * sw, y * sw[:, 0], rcond=None)
+        coef[:] = 0
+        coef[cols] = sol
+        neg = [i for i in cols if coef[i] < 0 and i != 0]
+        if not neg:
+            break
+        for i in neg:
+            active[i] = False
+    coef[0] = max(coef[0], 1e-4)
+    return coef
+
+
+# ------------------------------------------------------------------ a context's curve
+
+
+def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], float]:
+    """`measure(shapes)`: seconds of one decode of `shapes` in `ctx` on scratch content.
+    The sequences must be free; each keeps its n_kv scratch cells (recorded in
+    `scratch`) for the next measurement; the caller clears them. Scratch content is
+    decoded in chunks of at most n_batch."""
+    rng = np.random.default_rng(0)
+    chunk = min(512, ctx.n_batch)
+
+    def measure(shapes: Sequence[Shape]) -> float:
+        for s in shapes:
+            if scratch.get(s.seq_id, 0) != s.n_kv:
+                ctx.clear(s.seq_id)
+                for p in range(0, s.n_kv, chunk):
+                    n = min(chunk, s.n_kv - p)
+                    ctx.run_rows([(s.seq_id, rng.integers(1000, 20000, n), p, False)], {})
+                scratch[s.seq_id] = s.n_kv
+        entries = [(s.seq_id, rng.integers(1000, 20000, s.n_tokens), s.n_kv,
+                    s.n_logits == s.n_tokens) for s in shapes]
+        t0 = time.perf_counter()
+        ctx.decode(entries)
+        dt = time.perf_counter() - t0
+        for s in shapes:
+            ctx.truncate(s.seq_id, s.n_kv)
+        return dt
+    return measure
+
+
+def _kernel_key(ctx) -> str:
+    """The cost key's part for the context's kernels: ":<name>=<scope>" for each active
+    one (kernels.KERNELS order; "own", or "q5_0" for a matmul that leaves the K-quants to
+    llama.cpp), then each instruction-set variant other than AVX2 in use."""
+    states = ctx.kernels.state() if hasattr(ctx, "kernels") else {}  # {}: a stand-in
+    return ("".join(f":{n}={st.get('scope', 'own')}" for n, st in states.items() if st["active"])
+            + "".join(sorted({f":{st['variant']}" for st in states.values()
+                              if st["active"] and st["variant"] != "avx2"})))
+
+
+def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
+    """The decode-cost model of a context (`llama.context.Context`): its model file, layout and
+    thread count (cached; `load_or_calibrate`), with the time it took. Decodes nothing
+    unless `refresh`; then it measures on the context's sequences, which must be free
+    (no engine's cached prompt in them), and clears them after (a warm-up decode
+    first: the first decodes allocate buffers)."""
+    t0 = time.perf_counter()
+    layout = ctx.cost_layout
+    kv = (ctx.params.type_k, ctx.params.type_v)
+    key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
+           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
+           + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
+           + _kernel_key(ctx))
+    scratch: dict[int, int] = {}
+    measure = _measure_on(ctx, scratch)
+    try:
+        if refresh:
+            warm = min(8, ctx.n_batch - ctx.invariant)
+            measure([Shape(0, warm, warm)])
+        cal = load_or_calibrate(key, measure, layout, ctx.params.n_seq_max, ctx.n_ctx_seq,
+                                refresh=refresh, n_batch=ctx.n_batch)
+        return replace(cal, seconds=time.perf_counter() - t0)
+    finally:
+        for seq_id in scratch:
+            ctx.clear(seq_id)

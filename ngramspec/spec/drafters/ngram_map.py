@@ -1,0 +1,201 @@
+"""ngram-map-k and ngram-map-k4v: n-gram lookup with per-key statistics.
+
+Both find the key (last n-1 history tokens + sampled) through a per-sequence
+index of n-grams that are followed by a full m-gram, keeping the earliest
+occurrence (llama.cpp's 2**18-entry key_map keeps the first one too). Per-key
+statistics live in the shared pool, salted per sequence:
+- hits: how many times the key was found in this request; no draft until
+  hits >= min_hits;
+- n_accepted: tokens accepted the last time this key (map-k) or this key and
+  value (map-k4v) drafted; the next draft is at most that long (starts at m).
+  As in llama.cpp, a key whose draft was fully rejected drafts nothing again.
+
+ngram-map-k drafts the m tokens after the found occurrence.
+ngram-map-k4v counts the distinct m-gram continuations ("values") of every
+earlier occurrence of the key, keeping the first 4 distinct ones, and drafts
+the most frequent value only if it occurs at least twice as often as all the
+other values together (or is the only one).
+
+Differences from llama.cpp (documented, tested):
+- llama.cpp applies min_hits only to k4v; we apply it to both (default 1: same).
+- llama.cpp k4v recounts values only up to the matched (earliest) occurrence
+  and recounts that one on every call, so its counts drift; we count every
+  occurrence that has a full continuation, each once, and draft the dominant
+  value's own tokens (llama.cpp drafts the matched occurrence's tokens).
+- Per-key statistics are bounded by the pool (lost on collision or pool reset),
+  instead of a vector that grows with the number of keys.
+"""
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+from ...settings.config import NgramMapParams
+from ..pool import HashPool, mix_salt
+from .base import EMPTY
+from .index import SeqIndex, key_of, matches_at, ngram_hash
+
+NS_FIRST = 0x52
+NS_STATS_K = 0x53
+NS_STATS_K4V = 0x54
+NS_ACC_K4V = 0x55
+MAX_VALUES = 4
+MAX_COUNT = 16380  # llama.cpp's cap on counters
+
+
+def value_counts(history: np.ndarray, key: list[int], n: int, m: int,
+                 max_values: int = MAX_VALUES) -> list[tuple[int, int]]:
+    """Distinct m-gram continuations of `key` in `history`: [(first start, count)].
+
+    Pure kernel. Considers every occurrence of the n-gram `key` at start j with
+    j + n + m <= len(history); values are ordered by first appearance and only
+    the first `max_values` distinct ones are counted (later new ones are ignored).
+    `first start` is the position where that value's m tokens begin.
+    The scan is `bytes.find` over the int32 history (C speed, no per-token Python).
+    """
+    hb = np.ascontiguousarray(history, dtype=np.int32).tobytes()
+    kb = np.asarray(key, dtype=np.int32).tobytes()
+    end = (len(history) - m) * 4  # occurrences must leave m tokens after the key
+    values: dict[bytes, list[int]] = {}
+    i = hb.find(kb, 0, end)
+    while i >= 0:
+        if i % 4:  # not token-aligned: a byte-level false match
+            i = hb.find(kb, i + 1, end)
+            continue
+        v0 = i // 4 + n
+        v = hb[v0 * 4:(v0 + m) * 4]
+        slot = values.get(v)
+        if slot is not None:
+            slot[1] = min(slot[1] + 1, MAX_COUNT)
+        elif len(values) < max_values:
+            values[v] = [v0, 1]
+        i = hb.find(kb, i + 4, end)
+    return [(s, c) for s, c in values.values()]
+
+
+def dominant(counts: list[tuple[int, int]]) -> int:
+    """Index of the value to draft under the k4v rule, or -1.
+
+    The most frequent value drafts if no other value was seen, or if it occurs at
+    least twice as often as all the others together.
+    """
+    if not counts:
+        return -1
+    best = max(range(len(counts)), key=lambda i: counts[i][1])
+    rest = sum(c for i, (_, c) in enumerate(counts) if i != best)
+    return best if rest == 0 or counts[best][1] >= 2 * rest else -1
+
+
+class _MapBase:
+    """Shared lookup and statistics of ngram-map-k and -k4v."""
+
+    name = ""
+    _ns_stats = 0
+
+    def __init__(self, params: NgramMapParams, pool: HashPool):
+        self.n, self.m, self.min_hits = params.size_n, params.size_m, params.min_hits
+        self.pool = pool
+        self.index = SeqIndex(pool, self.n, keep="first", lag=self.m, namespace=NS_FIRST)
+        self._last: dict[int, tuple[int, int] | None] = {}  # seq -> (stats hash, salt)
+        self._salts: dict[int, tuple] = {}
+
+    def begin(self, seq_id: int, prompt: np.ndarray) -> None:
+        self.index.begin(seq_id, prompt)
+        self._last[seq_id] = None
+
+    def _salt(self, seq_id: int, ns: int) -> int:
+        """Per-request salt of statistics namespace `ns` (cached: mixing costs µs)."""
+        base = self.index.salt(seq_id)
+        cached = self._salts.get((seq_id, ns))
+        if cached is None or cached[0] != base:
+            cached = self._salts[(seq_id, ns)] = (base, mix_salt(ns, base))
+        return cached[1]
+
+    def end(self, seq_id: int) -> None:
+        self.index.end(seq_id)
+        self._last.pop(seq_id, None)
+        for ns in (self._ns_stats, NS_ACC_K4V):
+            self._salts.pop((seq_id, ns), None)
+
+    def _find(self, seq_id: int, history: np.ndarray, sampled: int):
+        """(key, key hash, match position) or None; also counts the hit."""
+        self._last[seq_id] = None
+        n, m = self.n, self.m
+        self.index.sync(seq_id, history)
+        if len(history) < 2 * n + m:
+            return None
+        key = key_of(history, sampled, n)
+        kh = ngram_hash(key)
+        pos = self.index.find(seq_id, kh)
+        if not matches_at(history, pos, key) or pos + n + m > len(history):
+            return None
+        return key, kh, pos
+
+    def _hits(self, seq_id: int, kh: int) -> int:
+        """Increment and return the key's hit count (stored in the pool)."""
+        salt = self._salt(seq_id, self._ns_stats)
+        v = self.pool.get(kh, salt)
+        hits, acc = (v >> 16, v & 0xFFFF) if v >= 0 else (0, self.m)
+        hits = min(hits + 1, MAX_COUNT)
+        self.pool.put(kh, salt, (hits << 16) | acc)
+        return hits
+
+    def _n_accepted(self, h: int, salt: int) -> int:
+        v = self.pool.get(h, salt)
+        return v & 0xFFFF if v >= 0 else self.m
+
+    def _set_accepted(self, h: int, salt: int, n_accepted: int) -> None:
+        v = self.pool.get(h, salt)
+        hits = v >> 16 if v >= 0 else 0
+        self.pool.put(h, salt, (hits << 16) | min(n_accepted, 0xFFFF))
+
+    def accept(self, seq_id: int, n_accepted: int) -> None:
+        last = self._last.get(seq_id)
+        if last is not None:
+            self._set_accepted(last[0], last[1], n_accepted)
+            self._last[seq_id] = None
+
+
+class NgramMapK(_MapBase):
+    name = "ngram-map-k"
+    _ns_stats = NS_STATS_K
+
+    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+        found = self._find(seq_id, history, sampled)
+        if found is None or max_len <= 0:
+            return EMPTY
+        _, kh, pos = found
+        if self._hits(seq_id, kh) < self.min_hits:
+            return EMPTY
+        salt = self._salt(seq_id, self._ns_stats)
+        length = min(self.m, self._n_accepted(kh, salt), max_len)
+        if length <= 0:
+            return EMPTY
+        self._last[seq_id] = (kh, salt)
+        return history[pos + self.n:pos + self.n + length]
+
+
+class NgramMapK4V(_MapBase):
+    name = "ngram-map-k4v"
+    _ns_stats = NS_STATS_K4V
+
+    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+        found = self._find(seq_id, history, sampled)
+        if found is None or max_len <= 0:
+            return EMPTY
+        key, kh, _ = found
+        if self._hits(seq_id, kh) < self.min_hits:
+            return EMPTY
+        counts = value_counts(history, key, self.n, self.m)
+        best = dominant(counts)
+        if best < 0:
+            return EMPTY
+        start = counts[best][0]
+        value = history[start:start + self.m]
+        vh = kh ^ xxhash.xxh64_intdigest(value.tobytes())
+        salt = self._salt(seq_id, NS_ACC_K4V)
+        length = min(self.m, self._n_accepted(vh, salt), max_len)
+        if length <= 0:
+            return EMPTY
+        self._last[seq_id] = (vh, salt)
+        return value[:length]

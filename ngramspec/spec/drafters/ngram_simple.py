@@ -1,0 +1,55 @@
+"""ngram-simple: draft what followed the most recent earlier occurrence of the last n tokens.
+
+Semantics (llama.cpp common/ngram-map.cpp, `common_ngram_simple_draft`):
+- key = last n-1 history tokens + the sampled token;
+- needs len(history) > n + m + 1;
+- finds the most recent earlier occurrence of the key and drafts up to m tokens
+  that followed it; a continuation shorter than n tokens is not drafted.
+Difference: llama.cpp scans the history backwards on every call (O(history));
+we look the key up in a per-sequence position index in the shared pool (O(1)
+amortised), then confirm the tokens. llama.cpp's scan skips position 0 and the
+occurrence ending one token before the key; ours does not (it can only find a
+match llama.cpp would also accept, or none).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...settings.config import NgramMapParams
+from ..pool import HashPool
+from .base import EMPTY
+from .index import SeqIndex, key_of, matches_at, ngram_hash
+
+NS_RECENT = 0x51
+
+
+class NgramSimple:
+    name = "ngram-simple"
+
+    def __init__(self, params: NgramMapParams, pool: HashPool):
+        self.n, self.m = params.size_n, params.size_m
+        self.index = SeqIndex(pool, self.n, keep="last", lag=0, namespace=NS_RECENT)
+
+    def begin(self, seq_id: int, prompt: np.ndarray) -> None:
+        self.index.begin(seq_id, prompt)
+
+    def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
+        n, m, L = self.n, self.m, len(history)
+        if L <= n + m + 1 or max_len <= 0:
+            self.index.sync(seq_id, history)
+            return EMPTY
+        self.index.sync(seq_id, history)
+        key = key_of(history, sampled, n)
+        pos = self.index.find(seq_id, ngram_hash(key))
+        if not matches_at(history, pos, key):
+            return EMPTY
+        copy = min(m, L - (pos + n))
+        if copy < n:
+            return EMPTY
+        return history[pos + n:pos + n + min(copy, max_len)]
+
+    def accept(self, seq_id: int, n_accepted: int) -> None:
+        pass  # stateless, as in llama.cpp
+
+    def end(self, seq_id: int) -> None:
+        self.index.end(seq_id)

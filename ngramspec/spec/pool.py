@@ -1,0 +1,173 @@
+"""The shared hash pool: one fixed-size table used by every drafter and every sequence.
+
+Layout: `table` is a numpy uint64 array of 2**k slots (default 16 MiB = 2M slots).
+A slot is 0 when empty, else `(tag << 32) | value` with a 32-bit non-zero tag and a
+32-bit value (a token id or a history position). A key is a 64-bit n-gram hash
+mixed with a namespace salt; the salt separates drafters, n-gram sizes, sequences
+and generations, so they share the bytes without sharing meanings.
+
+Invariants:
+- `nbytes` is fixed at construction: it never depends on context length, the
+  number of sequences or how much was inserted.
+- `get` returns a value only if the slot's tag matches the key's tag. A lookup can
+  still be wrong (two keys with the same slot and tag, ~2**-53 per pair, or a slot
+  overwritten by another key); every user treats a hit as a *proposal* that the
+  target model verifies, so a wrong hit costs speed, never correctness.
+- `used` counts non-empty slots exactly; `clear()` empties all and bumps `resets`,
+  which per-sequence indexes watch to rebuild themselves.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .hashing import MASK64, P, ngram_hash
+
+_GOLD = 0x9E3779B97F4A7C15
+_GOLD64 = np.uint64(_GOLD)
+_LOW32 = 0xFFFFFFFF
+
+
+def mix_salt(*parts: int) -> int:
+    """A 64-bit namespace salt from small integers (splitmix64 over the parts)."""
+    x = 0x243F6A8885A308D3
+    for p in parts:
+        x = (x ^ (p & MASK64)) & MASK64
+        x = (x + _GOLD) & MASK64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+        x ^= x >> 31
+    return x
+
+
+class HashPool:
+    """A constant-memory open table of (tag, value) slots, direct-mapped."""
+
+    def __init__(self, nbytes: int = 16 << 20):
+        slots = nbytes // 8
+        if slots < 1024 or slots & (slots - 1):
+            raise ValueError(f"pool size must be a power of two >= 8 KiB, got {nbytes} bytes")
+        self.table = np.zeros(slots, dtype=np.uint64)
+        self._mv = memoryview(self.table)  # fast scalar access from Python
+        self.bits = slots.bit_length() - 1
+        self._shift = 64 - self.bits
+        self.used = 0
+        self.resets = 0
+
+    # ----------------------------------------------------------------- reporting
+    @property
+    def slots(self) -> int:
+        return len(self.table)
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+    @property
+    def occupancy(self) -> float:
+        return self.used / len(self.table)
+
+    def clear(self) -> None:
+        """Empty every slot (all namespaces) and bump `resets`."""
+        self.table.fill(0)
+        self.used = 0
+        self.resets += 1
+
+    # ----------------------------------------------------------------- scalar path
+    def locate(self, h: int, salt: int) -> tuple[int, int]:
+        """(slot index, tag) of key hash `h` in namespace `salt`."""
+        x = ((h ^ salt) * _GOLD) & MASK64
+        return x >> self._shift, ((x >> 8) & _LOW32) | 1
+
+    def get(self, h: int, salt: int) -> int:
+        """The value stored for the key, or -1."""
+        x = ((h ^ salt) * _GOLD) & MASK64
+        e = self._mv[x >> self._shift]
+        if (e >> 32) == (((x >> 8) & _LOW32) | 1):
+            return e & _LOW32
+        return -1
+
+    def put(self, h: int, salt: int, value: int) -> None:
+        """Store `value` for the key, replacing whatever the slot held."""
+        x = ((h ^ salt) * _GOLD) & MASK64
+        i = x >> self._shift
+        if self._mv[i] == 0:
+            self.used += 1
+        self._mv[i] = ((((x >> 8) & _LOW32) | 1) << 32) | (value & _LOW32)
+
+    def follow(self, h: int, salt: int, window: list[int], p_old: int, n: int) -> list[int]:
+        """Up to n tokens chained from key hash `h` (of the n-gram `window`, which grows):
+        each stored value is the next token, and the key moves on by a rolling hash step
+        (`p_old`: P to the n-gram's size, hashing.power). Stops at the first key the pool
+        does not hold. ngram-mod's draft loop: HashPool.get inlined, its hot path."""
+        mv, shift = self._mv, self._shift
+        out: list[int] = []
+        for i in range(n):
+            x = ((h ^ salt) * _GOLD) & MASK64
+            e = mv[x >> shift]
+            if (e >> 32) != (((x >> 8) & _LOW32) | 1):
+                break
+            t = e & _LOW32
+            out.append(t)
+            h = ((h - window[i] * p_old) * P + t) & MASK64
+            window.append(t)
+        return out
+
+    # ----------------------------------------------------------------- bulk path
+    def _locate_many(self, hashes: np.ndarray, salt: int) -> tuple[np.ndarray, np.ndarray]:
+        with np.errstate(over="ignore"):
+            x = (hashes ^ np.uint64(salt)) * _GOLD64
+        idx = (x >> np.uint64(self._shift)).astype(np.int64)
+        tag = ((x >> np.uint64(8)) & np.uint64(_LOW32)) | np.uint64(1)
+        return idx, tag
+
+    def put_many(self, hashes: np.ndarray, salt: int, values: np.ndarray,
+                 keep: str = "last") -> None:
+        """Vectorised `put` of many keys in order.
+
+        keep="last": a later key overwrites an earlier one in the same slot (as
+        repeated `put` calls would). keep="first": the earliest key in the batch
+        wins, and a slot already holding the same key keeps its old value.
+        """
+        if len(hashes) == 0:
+            return
+        idx, tag = self._locate_many(hashes, salt)
+        vals = values.astype(np.uint64) & np.uint64(_LOW32)
+        if keep == "last":
+            # numpy assigns repeated indices in order, so the last key wins
+            sel = slice(None)
+        elif keep == "first":
+            _, sel = np.unique(idx, return_index=True)
+            same = (self.table[idx[sel]] >> np.uint64(32)) == tag[sel]
+            sel = sel[~same]
+        else:
+            raise ValueError(f"keep must be 'first' or 'last', got {keep!r}")
+        slots = idx[sel]
+        empty = slots[self.table[slots] == 0]
+        if len(empty):
+            self.used += len(np.unique(empty))
+        self.table[slots] = (tag[sel] << np.uint64(32)) | vals[sel]
+
+    def put_ngrams(self, tokens: list[int], n: int, salt: int, values, keep: str = "last") -> None:
+        """Scalar `put_many` for the n-gram windows of a short Python list.
+
+        Window j (tokens[j:j+n]) gets values[j]. Rolling hash and insertion in one
+        loop: for a few dozen windows this beats numpy's per-call set-up.
+        """
+        count = len(tokens) - n + 1
+        if count <= 0:
+            return
+        h = ngram_hash(tokens[:n])
+        p_old = pow(P, n - 1, 1 << 64)
+        mv, shift, first = self._mv, self._shift, keep == "first"
+        for j in range(count):
+            if j:
+                h = ((h - tokens[j - 1] * p_old) * P + tokens[j + n - 1]) & MASK64
+            x = ((h ^ salt) * _GOLD) & MASK64
+            i = x >> shift
+            tag = ((x >> 8) & _LOW32) | 1
+            e = mv[i]
+            if e == 0:
+                self.used += 1
+            elif first and (e >> 32) == tag:
+                continue
+            mv[i] = (tag << 32) | values[j]
