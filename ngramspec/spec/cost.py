@@ -27,6 +27,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -57,6 +58,16 @@ class Shape:
     n_kv: int = 0
 
 
+@functools.lru_cache(maxsize=16384)
+def _layout(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: bool, quantum: int,
+            lone_ok: bool) -> ubatch.Layout:
+    """`ubatch.layout` of a decode's (seq_id, n_tokens, n_logits) entries, remembered: the
+    planner prices the same few shapes thousands of times a run (a layout does not
+    depend on the cells, and no caller changes one)."""
+    return ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
+                         lone_ok=lone_ok)
+
+
 @dataclass(frozen=True)
 class DecodeCost:
     """Seconds of one llama_decode, from the ubatches llama.cpp splits it into."""
@@ -84,9 +95,9 @@ class DecodeCost:
         ubatches, multi-logit ubatches) of one decode, laid out as `Context.decode`
         lays it out."""
         shapes = [s for s in shapes if s.n_tokens > 0]
-        lay = ubatch.layout([(s.seq_id, s.n_tokens, s.n_logits) for s in shapes],
-                            self.n_ubatch, self.per_seq_streams, pad=self.pad,
-                            quantum=self.logit_quantum, lone_ok=self.lone_ok)
+        lay = _layout(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
+                      self.n_ubatch, self.per_seq_streams, self.pad, self.logit_quantum,
+                      self.lone_ok)
         pads = lay.pads
         tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
         kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
