@@ -19,7 +19,7 @@ Invariants:
 - If every actor is gone, the run raises; what was yielded is in OUTPUT and a
   re-run resumes from there.
 - One kernel mode per job: every actor computes KV cells the same way (its
-  `Context.cell_mode`, e.g. own attention or llama.cpp's), checked when the pool
+  `Context.kernels.cell_mode`, e.g. own attention or llama.cpp's), checked when the pool
   starts; actors of mixed modes (no compiler on one node, another CPU,
   NGRAMSPEC_OWN_ATTENTION=0 on one) are refused, since a record's output would then
   depend on the node that ran it.

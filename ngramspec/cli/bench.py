@@ -53,7 +53,7 @@ def bench(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracl
 
     Each spec type in --spec-type is a separate mode; the table shows the median
     tok/s of `reps` interleaved runs and the speedup over `off` from this run.
-    With --parallel, documents run through servers instead (`pipeline_bench.py`).
+    With --parallel, documents run through servers instead (`bench/pipeline.py`).
     """
     if parallel is not None:
         passed = {"targets": ("model", "spec"),

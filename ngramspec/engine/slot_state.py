@@ -11,7 +11,7 @@ ngramspec appends one trailer after the KV state (llama.cpp stops reading at the
 state's end, so llama-server ignores it): `TRAILER_MAGIC`, a version (1: the
 tiled prefill, 2: the small-row path), and how many leading tokens were evaluated
 on that path (the slot's `reusable` count, docs/exactness.md), with a digest of the
-tokens, the model and the kernel mode that computed the cells (`Context.cell_mode`:
+tokens, the model and the kernel mode that computed the cells (`Context.kernels.cell_mode`:
 ngramspec's own attention or llama.cpp's). A restored slot reuses that many tokens as
 prompt cache, and none when the trailer is missing or does not match (a file from
 llama-server, another model, edited tokens, a server whose kernels differ): cells

@@ -4,7 +4,7 @@ flash attention (attention.py) and the Q5_0 matmuls (matmul.py), C code in nativ
 Each is described once (`kernel.Kernel`, one per module, listed in `KERNELS`); whether
 it may run in this process is decided by `Kernel.state()` (switch, process guard,
 compilation, struct sizes, self-test: kernel.py) and, in a context, by the context
-(`Context.kernel_state`). `python -m ngramspec.llama.kernels build` compiles them all.
+(`Context.kernels`, kernels/hooks.py). `python -m ngramspec.llama.kernels build` compiles them all.
 
 The *cell mode* (`cell_mode`) names what of them changes KV cell values: attention's
 do differ from llama.cpp's, the others' are llama.cpp's bit for bit. State that outlives
@@ -40,8 +40,8 @@ def states() -> dict[str, dict]:
 
 
 def line(states_: dict[str, dict], mode: str) -> str:
-    """One line of a context's kernel states (`Context.kernel_state`) and cell mode, as
-    serve, batch and generate --verbose print it at start."""
+    """One line of a context's kernel states (`KernelHooks.state`, kernels/hooks.py) and
+    cell mode, as serve, batch and generate --verbose print it at start."""
     parts = [f"{n} on ({st.get('variant') or '?'})" if st["active"] else f"{n} off ({st['reason']})"
              for n, st in states_.items()]
     return f"kernels: {', '.join(parts)}; KV cells: {mode}"

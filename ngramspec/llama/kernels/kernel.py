@@ -13,7 +13,7 @@ compilation (build.py), the variant its library says it is, the sizes its C side
 against the ctypes mirrors, and its self-test against the loaded llama.cpp where it has
 one. The first variant that passes runs; a variant that fails a check leaves the next. A context
 then asks `hook(...)` for its eval callback (None where the state is not active) and may
-still decline it for reasons of its own (`Context.kernel_state`).
+still decline it for reasons of its own (`Context.kernels`, kernels/hooks.py).
 
 Invariant: a library is handed to a hook only after every check above passed; the
 checks of a library run once per process.
