@@ -184,8 +184,7 @@ def plot(all_results: dict[str, dict[str, ModeResult]], path: str) -> None:
 
 
 def print_bench(name, res, n_predict, reps, peer=None) -> None:
-    from ..bench.command import speedups
-
+    """The bench's table of one workload: every mode against spec-off (and llama-server)."""
     sp = speedups(res)
     t = Table(title=f"bench: {name} (greedy, {n_predict} tokens, median of {reps})")
     cols = ["mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share", "exact"]

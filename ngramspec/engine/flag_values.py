@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..settings import strict_json
 from ..settings.config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model
-from ..settings.flag import _on_off, gpu_layers, load_mode
+from ..settings.flag import on_off, gpu_layers, load_mode
 from ..settings.llama_values import kv_type_name
 
 
@@ -120,7 +120,7 @@ def load_options(kw: dict[str, Any]):
 
     v = {d: kw.pop(d) for d in _LOAD}
     return LoadOptions(n_batch=v["batch_size"], n_ubatch=v["ubatch_size"],
-                       flash_attn=_on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
+                       flash_attn=on_off(v["flash_attn"]), kv_unified=v["kv_unified"],
                        threads_batch=v["threads_batch"], n_gpu_layers=gpu_layers(v["n_gpu_layers"]),
                        load_mode=load_mode(v["load_mode"], v["mmap"], v["mlock"]),
                        repack=v["repack"], swa_full=bool(v["swa_full"]),

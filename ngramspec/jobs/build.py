@@ -55,22 +55,20 @@ def grammar_of(req: Any) -> str | None:
     """The grammar a request or record asks for: `grammar`, `json_schema` or (OpenAI)
     `response_format` (`one_grammar` first)."""
     one_grammar(req)
-    sources = []
     if req.grammar is not None:
-        sources.append(("grammar", req.grammar))
+        return req.grammar
     if req.json_schema is not None:
-        sources.append(("json_schema", schema_grammar(req.json_schema or {"type": "object"})))
+        return schema_grammar(req.json_schema or {"type": "object"})
     rf = getattr(req, "response_format", None)
-    if rf is not None and rf.type != "text":
-        schema = rf.schema_
-        if rf.type == "json_schema":
-            schema = (rf.json_schema.schema_ if rf.json_schema is not None else None) or schema
-            if schema is None:
-                raise ConfigError("response_format.json_schema.schema is required for "
-                                  "type 'json_schema'")
-        sources.append(("response_format",
-                        schema_grammar(schema) if schema is not None else json_grammar()))
-    return sources[0][1] if sources else None
+    if rf is None or rf.type == "text":
+        return None
+    schema = rf.schema_
+    if rf.type == "json_schema":
+        schema = (rf.json_schema.schema_ if rf.json_schema is not None else None) or schema
+        if schema is None:
+            raise ConfigError("response_format.json_schema.schema is required for "
+                              "type 'json_schema'")
+    return schema_grammar(schema) if schema is not None else json_grammar()
 
 
 def speculation(engine, base: SpecConfig, req: Any, wanted: bool,

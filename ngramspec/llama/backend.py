@@ -3,7 +3,7 @@
 Invariants: `_llama()` is the one way in (importing llama_cpp loads the library, after
 ngramspec/__init__.py set GGML_CPU_TILED_MM=0); the backend is initialised once, before
 any model loads, with the C allocator's threshold fixed first (allocator.py); nothing
-is freed one by one once the interpreter exits (`exiting`).
+is freed one by one once the interpreter exits (`FreedOnCollect`).
 """
 from __future__ import annotations
 
@@ -29,9 +29,20 @@ def _at_exit() -> None:
     _EXITING = True
 
 
-def exiting() -> bool:
-    """Whether the interpreter is exiting (`__del__` then frees nothing)."""
-    return _EXITING
+class FreedOnCollect:
+    """A llama.cpp object that `close()` frees: the garbage collector calls it too,
+    except while the interpreter exits (`_at_exit`; the OS takes the memory then)."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __del__(self):  # pragma: no cover
+        if _EXITING:
+            return
+        try:
+            self.close()
+        except Exception:
+            pass
 
 
 def _llama():

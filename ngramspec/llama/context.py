@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 
 from . import ref_attention, seq_cells, ubatch
-from .backend import _llama, exiting, kv_type, logit_quantum
+from .backend import FreedOnCollect, _llama, kv_type, logit_quantum
 from .kernels import head as own_head
 from .kernels.hooks import KernelHooks
 from .model import Model, ModelError
@@ -141,7 +141,15 @@ def fill_batch(b, entries, pads: dict[int, int], pad_logits: dict[int, int]):
     return rows, out
 
 
-class Context:
+def check_chunk(tokens: Sequence[int], limit: int) -> int:
+    """The length of a prompt chunk, or ValueError unless it holds 1..limit tokens."""
+    n = len(tokens)
+    if not 0 < n <= limit:
+        raise ValueError(f"a prefill chunk holds 1..{limit} tokens, got {n}")
+    return n
+
+
+class Context(FreedOnCollect):
     """A llama.cpp context: KV cache for up to n_seq_max sequences, batched decode."""
 
     twin = None  # a TwinnedContext's prefill twin
@@ -212,14 +220,6 @@ class Context:
         if hasattr(self, "kernels"):
             self.kernels.close()  # after the context: its graphs call into them until then
 
-    def __del__(self):  # pragma: no cover
-        if exiting():
-            return
-        try:
-            self.close()
-        except Exception:
-            pass
-
     def decode(self, entries: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[list[int]]:
         """Evaluate several sequences' tokens in ONE llama_decode.
 
@@ -244,9 +244,7 @@ class Context:
         to TILED_PREFILL_MIN rows, so that flash attention takes its tiled path for
         every one of them (rule T, docs/exactness.md). Returns the context that holds
         the logits and the last token's row in it (`last`: the prompt's last chunk)."""
-        n = len(tokens)
-        if not 0 < n <= self.prefill_chunk:
-            raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {n}")
+        n = check_chunk(tokens, self.prefill_chunk)
         with ref_attention.suspended(self.ref_backend):  # rule T needs the tiled path
             return self, self.run_rows([(seq_id, tokens, pos0, False)],
                                        {seq_id: max(0, TILED_PREFILL_MIN - n)})[0]

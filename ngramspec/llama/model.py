@@ -4,7 +4,7 @@ Invariants:
 - Loading errors are `ModelError`s that name the path (and size for a corrupt
   file); nothing here prints unless `verbose`.
 - A model is freed by `close()`, or by the garbage collector unless the interpreter
-  is exiting (backend.exiting).
+  is exiting (backend.FreedOnCollect).
 
 The context is context.py; llama.cpp's library and backend are backend.py.
 """
@@ -19,7 +19,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from . import gguf_types
-from .backend import _llama, _quiet_logs, exiting
+from .backend import FreedOnCollect, _llama, _quiet_logs
 from ..errors import NgramSpecError
 
 GGUF_MAGIC = b"GGUF"
@@ -91,7 +91,7 @@ def _kv_overrides(lc, values: dict[str, int | str]) -> ctypes.Array:
     return table
 
 
-class Model:
+class Model(FreedOnCollect):
     """Weights and vocabulary of one GGUF model (shared by all its contexts)."""
 
     def __init__(self, path: str | os.PathLike | None = None, *, verbose: bool = False,
@@ -143,14 +143,6 @@ class Model:
         if getattr(self, "ptr", None):
             _llama().llama_model_free(self.ptr)
             self.ptr = None
-
-    def __del__(self):  # pragma: no cover
-        if exiting():
-            return
-        try:
-            self.close()
-        except Exception:
-            pass
 
     @property
     def weight_types(self) -> frozenset[str] | None:

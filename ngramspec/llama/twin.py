@@ -41,7 +41,7 @@ from typing import Sequence
 
 from . import file_pages, gguf_types, kv_state, seq_cells
 from .backend import _llama
-from .context import TILED_PREFILL_MIN, Context, ContextParams
+from .context import TILED_PREFILL_MIN, Context, ContextParams, check_chunk
 from .host import cpu_flags
 from .model import Model
 from ..settings.llama_values import MLOCK_MODES
@@ -339,9 +339,7 @@ class TwinnedContext(Context):
         cell (a generation decode, invariant like every other; docs/exactness.md, "The
         twin computes no logits"). The twin keeps its own cell of that token, so a later
         prompt that extends this one continues from twin cells only."""
-        n = len(tokens)
-        if not 0 < n <= self.prefill_chunk:
-            raise ValueError(f"a prefill chunk holds 1..{self.prefill_chunk} tokens, got {n}")
+        n = check_chunk(tokens, self.prefill_chunk)
         self.twin.chunk(self, seq_id, tokens, pos0, last)
         if not last:
             return self, []

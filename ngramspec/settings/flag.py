@@ -132,7 +132,7 @@ def load_mode(mode: str, mmap: bool | None, mlock: bool) -> int:
     return LOAD_MODES["mmap+mlock" if mlock else "mmap"]
 
 
-def _on_off(value: Any) -> str:
+def on_off(value: Any) -> str:
     v = str(value).strip().lower()
     for canon, spellings in (("on", ("on", "enabled", "true", "1", "yes")),
                              ("off", ("off", "disabled", "false", "0", "no")),

@@ -36,7 +36,7 @@ from .flag import (
     ALL,
     GEN,
     Flag,
-    _on_off,
+    on_off,
     csv,
     csv_set,
     directory,
@@ -68,7 +68,7 @@ _FLAGS: list[Flag] = [
          help="logical batch: most tokens in one llama_decode (at least 64 for exactness)"),
     Flag(("-ub", "--ubatch-size"), "ubatch_size", _M, int, 512, field="n_ubatch", commands=ALL,
          help="physical batch (ubatch) size, at most -b (at least 64 for exactness)"),
-    Flag(("-fa", "--flash-attn"), "flash_attn", _M, str, "auto", commands=ALL, parse=_on_off,
+    Flag(("-fa", "--flash-attn"), "flash_attn", _M, str, "auto", commands=ALL, parse=on_off,
          metavar="on|off|auto", help="flash attention (exact mode keeps it on; llama.cpp's "
                                      "spellings: enabled/disabled, true/false, 1/0)"),
     Flag(("-kvu", "--kv-unified"), "kv_unified", _M, bool, None, neg=("-no-kvu", "--no-kv-unified"), commands=ALL,
