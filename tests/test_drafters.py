@@ -344,6 +344,29 @@ def test_chain_first_non_empty_draft_wins_and_gets_the_accept():
     assert chain.stats["ngram-mod"].n_call_accept == 0
 
 
+def test_chains_count_once_and_keep_counts_past_eviction(monkeypatch):
+    """Every chain of an engine counts into one dict per drafter name; an evicted
+    chain's counts stay, and the accepted-per-position histogram spans the
+    positions offered."""
+    from ngramspec.spec.drafters import chains as chains_mod
+    from ngramspec.spec.stats import total
+
+    monkeypatch.setattr(chains_mod, "MAX_CONFIGS", 1)
+    cs = chains_mod.Chains(HashPool(1 << 16))
+    hist = h(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 5)
+    for draft_max in (3, 2):  # the second config evicts the first chain
+        chain = cs.get(SpecConfig(types=("ngram-simple",), ngram_simple=SMALL,
+                                  draft_max=draft_max))
+        chain.begin(0, hist)
+        assert len(chain.draft(0, hist, 6, 16)) == draft_max
+        chain.accept(0, 1)
+    st = cs.stats()["ngram-simple"]
+    assert (st.n_gen_drafts, st.n_gen_tokens, st.n_acc_tokens) == (2, 5, 2)
+    assert st.acc_per_pos == [2, 0, 0]
+    t = total(cs.stats())
+    assert (t.n_gen_tokens, t.acc_per_pos) == (5, [2, 0, 0])
+
+
 def test_chain_applies_draft_max_and_draft_min():
     # draft_max=2 truncates; draft_min=3 then drops the 2-token draft
     hist = h(1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 5)

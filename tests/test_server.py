@@ -319,6 +319,13 @@ def test_metrics_count_each_drafters_proposals(http):
     for name, (drafts, tok, acc) in counts.items():
         assert f'llamacpp:spec_drafter_draft_tokens_total{{drafter="{name}"}} {tok}' in text
         assert drafts <= tok and 0 <= acc <= tok, name
+    # the spec_decode_* totals are these counts summed, not a second count
+    for i, total in enumerate(("drafts_total", "draft_tokens_total", "accepted_tokens_total")):
+        want = sum(c[i] for c in counts.values())
+        assert f"llamacpp:spec_decode_num_{total} {want}" in text, total
+    per_pos = [int(ln.rsplit(" ", 1)[1]) for ln in text.splitlines()
+               if ln.startswith("llamacpp:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert sum(per_pos) == sum(c[2] for c in counts.values())
 
 
 # ------------------------------------------------------------------ errors

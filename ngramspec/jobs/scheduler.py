@@ -45,7 +45,6 @@ from ..engine.engine import Engine, SeqState, StepOutput
 from ..errors import NgramSpecError, Unavailable
 from ..engine.generate import Generation, GenerationResponse
 from ..engine.sampling import SamplingParams
-from ..spec.stats import count_accepted
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
@@ -114,7 +113,8 @@ class Slot:
 
 @dataclass
 class Counters:
-    """Monotonic counters (written by the scheduler thread only)."""
+    """Monotonic counters of requests and decodes (written by the scheduler thread
+    only). Draft counts are not here: the drafters count them (`Engine.stats`)."""
 
     requests_total: int = 0
     requests_finished: int = 0
@@ -130,18 +130,6 @@ class Counters:
     n_decode: int = 0
     n_busy_slots: int = 0
     n_tokens_max: int = 0
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-
-    def count_step(self, out: StepOutput) -> None:
-        if not out.drafted:
-            return
-        self.num_drafts += 1
-        self.num_draft_tokens += out.drafted
-        self.num_accepted_tokens += out.accepted
-        count_accepted(self.accepted_per_pos, out.accepted, out.drafted)
 
 
 @dataclass
@@ -347,7 +335,6 @@ class Scheduler:
         c.n_decode += 1
         c.n_busy_slots += len(slots)
         for s, out in zip(slots, outs):
-            c.count_step(out)
             if out.error is not None:  # this job's own input failed it (a grammar dead end)
                 self._fail(s, out.error)
             else:

@@ -4,6 +4,8 @@
 pool, each drafter's proposals: `spec_drafter_*{drafter="..."}`) under the same prefix."""
 from __future__ import annotations
 
+from ..spec.stats import total
+
 PREFIX = "llamacpp:"
 
 
@@ -17,6 +19,8 @@ def _fmt(v: float) -> str:
 
 def render(sched, engine) -> str:
     c = sched.counters
+    stats = engine.stats()
+    t = total(stats)
     counters = [
         ("requests_total", "Requests accepted (started or queued)", c.requests_total),
         ("requests_finished_total", "Requests that finished generating", c.requests_finished),
@@ -35,11 +39,11 @@ def render(sched, engine) -> str:
          c.n_decode),
         ("n_tokens_max", "Largest observed sequence length (prompt + generation)", c.n_tokens_max),
         ("spec_decode_num_drafts_total", "Speculative: verification steps with a draft",
-         c.num_drafts),
+         t.n_gen_drafts),
         ("spec_decode_num_draft_tokens_total", "Speculative: total draft tokens generated",
-         c.num_draft_tokens),
+         t.n_gen_tokens),
         ("spec_decode_num_accepted_tokens_total",
-         "Speculative: total draft tokens accepted by the target model", c.num_accepted_tokens),
+         "Speculative: total draft tokens accepted by the target model", t.n_acc_tokens),
     ]
     pool = engine.pool
     gauges = [
@@ -63,11 +67,11 @@ def render(sched, engine) -> str:
         for name, help_, value in items:
             lines += [f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} {kind}",
                       f"{PREFIX}{name} {_fmt(value)}"]
-    lines += _per_drafter(engine)
+    lines += _per_drafter(stats)
     name = f"{PREFIX}spec_decode_num_accepted_tokens_per_pos_total"
     lines += [f"# HELP {name} Speculative: accepted tokens per draft position",
               f"# TYPE {name} counter"]
-    for i, v in enumerate(list(c.accepted_per_pos)):
+    for i, v in enumerate(t.acc_per_pos):
         lines.append(f'{name}{{position="{i}"}} {v}')
     return "\n".join(lines) + "\n"
 
@@ -81,9 +85,9 @@ DRAFTER_COUNTERS = (
 )
 
 
-def _per_drafter(engine) -> list[str]:
-    """Each drafter's counters, labelled by its name (every chain in use summed)."""
-    stats = engine.stats()
+def _per_drafter(stats: dict) -> list[str]:
+    """Each drafter's counters (`Engine.stats()`), labelled by its name; the
+    spec_decode_* totals are their sums."""
     lines = []
     for name, help_, key in DRAFTER_COUNTERS:
         lines += [f"# HELP {PREFIX}{name} {help_}", f"# TYPE {PREFIX}{name} counter"]

@@ -1,8 +1,12 @@
 """Per-drafter counters with llama.cpp's meaning, and their llama.cpp-style lines.
 
+These are the project's only draft counters: the server's spec_decode_* totals are
+their sum over drafters (`total`), never a second count.
+
 Invariants: `n_acc_tokens <= n_gen_tokens`; `n_acc_drafts <= n_gen_drafts`;
 `acc_per_pos[i]` counts drafts whose first i+1 tokens were accepted, so it is
-non-increasing in i and `sum(acc_per_pos) == n_acc_tokens`.
+non-increasing in i and `sum(acc_per_pos) == n_acc_tokens`; its length is the
+longest draft verified (positions offered and never accepted show as 0).
 """
 from __future__ import annotations
 
@@ -26,9 +30,10 @@ class DrafterStats:
     t_accept_us: float = 0.0
     acc_per_pos: list[int] = field(default_factory=list)
 
-    def record_accept(self, n_accepted: int) -> None:
+    def record_accept(self, n_accepted: int, n_drafted: int = 0) -> None:
+        """One verified draft of `n_drafted` tokens, of them `n_accepted` accepted."""
         self.n_call_accept += 1
-        count_accepted(self.acc_per_pos, n_accepted)
+        count_accepted(self.acc_per_pos, n_accepted, n_drafted)
         if n_accepted > 0:
             self.n_acc_drafts += 1
             self.n_acc_tokens += n_accepted
@@ -51,11 +56,29 @@ class DrafterStats:
                 f"{self.n_acc_tokens}, dur(b,g,a) = {self.t_begin_us / 1e3:.3f}, "
                 f"{self.t_draft_us / 1e3:.3f}, {self.t_accept_us / 1e3:.3f} ms")
 
+    def add(self, other: DrafterStats) -> None:
+        """Add `other`'s counts and times into these (the name stays)."""
+        for k, v in list(other.__dict__.items()):
+            if k == "acc_per_pos":
+                self.acc_per_pos += [0] * (len(v) - len(self.acc_per_pos))
+                for i, x in enumerate(v):
+                    self.acc_per_pos[i] += x
+            elif k != "name":
+                setattr(self, k, getattr(self, k) + v)
+
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_acceptance_length"] = self.mean_acceptance_length
         return d
+
+
+def total(stats: dict[str, DrafterStats], name: str = "all") -> DrafterStats:
+    """Every drafter's counts added into one."""
+    out = DrafterStats(name)
+    for st in list(stats.values()):
+        out.add(st)
+    return out
 
 
 def count_accepted(per_pos: list[int], n_accepted: int, n_drafted: int = 0) -> None:

@@ -69,18 +69,23 @@ def make_drafter_for(key: tuple, pool: HashPool):
 
 class DrafterChain:
     """An ordered list of drafters on one pool, itself a `Drafter`. Without `drafters`
-    it builds `drafter_keys(config)`'s, so an auto config gets the auto candidates."""
+    it builds `drafter_keys(config)`'s, so an auto config gets the auto candidates.
+    `stats` (per drafter name) may be shared by several chains: `Chains` passes one
+    dict to all of its chains."""
 
     name = "chain"
 
     def __init__(self, config: SpecConfig, pool: HashPool | None = None,
-                 drafters: list[Drafter] | None = None):
+                 drafters: list[Drafter] | None = None,
+                 stats: dict[str, DrafterStats] | None = None):
         self.config = config
         self.pool = pool or HashPool(config.pool_bytes)
         self.drafters = drafters if drafters is not None else [
             make_drafter_for(key, self.pool) for key in drafter_keys(config)]
-        self.stats = {d.name: DrafterStats(d.name) for d in self.drafters}
-        self._last: dict[int, Drafter | None] = {}
+        self.stats = stats if stats is not None else {}
+        for d in self.drafters:
+            self.stats.setdefault(d.name, DrafterStats(d.name))
+        self._last: dict[int, tuple[Drafter, int] | None] = {}
         self._cap = config.draft_max if config.draft_max is not None else 1 << 30
         self._min = max(config.draft_min, 1)
 
@@ -119,7 +124,7 @@ class DrafterChain:
     def commit(self, seq_id: int, drafter: Drafter, draft: np.ndarray) -> np.ndarray:
         """Mark `draft` (from `drafter`) as the one verified this step."""
         if len(draft):
-            self._last[seq_id] = drafter
+            self._last[seq_id] = (drafter, len(draft))
             st = self.stats[drafter.name]
             st.n_gen_drafts += 1
             st.n_gen_tokens += len(draft)
@@ -133,15 +138,16 @@ class DrafterChain:
         return self.commit(seq_id, *found[0])
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
-        d = self._last.get(seq_id)
-        if d is None:
+        last = self._last.get(seq_id)
+        if last is None:
             return
         self._last[seq_id] = None
+        d, n_drafted = last
         t0 = time.perf_counter_ns()
         d.accept(seq_id, n_accepted)
         st = self.stats[d.name]
         st.t_accept_us += (time.perf_counter_ns() - t0) / 1e3
-        st.record_accept(n_accepted)
+        st.record_accept(n_accepted, n_drafted)
 
     def end(self, seq_id: int) -> None:
         self._last.pop(seq_id, None)

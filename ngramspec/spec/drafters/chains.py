@@ -5,7 +5,9 @@ Invariants:
   once (`drafter_keys`), so ngram-mod's table is one table for every sequence.
 - At most MAX_CONFIGS chains and drafters are kept (oldest evicted): a sequence keeps
   its own chain object, and a re-created drafter with the same parameters reads the
-  same pool entries, so eviction only costs per-request statistics, never correctness.
+  same pool entries, so eviction never costs correctness.
+- Every chain counts into one stats dict (per drafter name), so `stats()` is monotonic
+  and eviction loses no count.
 - The draft-model drafter, if any, is the last link of every chain (draftless first).
 """
 from __future__ import annotations
@@ -26,6 +28,7 @@ class Chains:
         self.pool, self.draft_drafter = pool, draft_drafter
         self._drafters: dict[tuple, Drafter] = {}
         self._chains: dict[SpecConfig, DrafterChain] = {}
+        self._stats: dict[str, DrafterStats] = {}
 
     def get(self, cfg: SpecConfig) -> DrafterChain:
         """The chain for `cfg`, built from shared drafter instances."""
@@ -41,22 +44,15 @@ class Chains:
                 drafters.append(self._drafters[key])
             if self.draft_drafter is not None:
                 drafters.append(self.draft_drafter)
-            chain = self._chains[cfg] = DrafterChain(cfg, self.pool, drafters)
+            chain = self._chains[cfg] = DrafterChain(cfg, self.pool, drafters, self._stats)
         return chain
 
     def stats(self) -> dict[str, DrafterStats]:
-        """llama.cpp-style counters per drafter, summed over every chain kept. Safe to
-        call from another thread while the engine drafts (it reads copies of the dicts;
-        a count may be one step behind)."""
-        total: dict[str, DrafterStats] = {}
-        for chain in list(self._chains.values()):
-            for name, st in list(chain.stats.items()):
-                acc = total.setdefault(name, DrafterStats(name))
-                for k, v in list(st.__dict__.items()):
-                    if k == "acc_per_pos":
-                        acc.acc_per_pos += [0] * (len(v) - len(acc.acc_per_pos))
-                        for i, x in enumerate(v):
-                            acc.acc_per_pos[i] += x
-                    elif k != "name":
-                        setattr(acc, k, getattr(acc, k) + v)
-        return total
+        """llama.cpp-style counters per drafter, over every chain this engine has used
+        (monotonic). Safe to call from another thread while the engine drafts: it returns
+        copies (a count may be one step behind)."""
+        out: dict[str, DrafterStats] = {}
+        for name, st in list(self._stats.items()):
+            out[name] = DrafterStats(name)
+            out[name].add(st)
+        return out
