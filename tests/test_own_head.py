@@ -66,17 +66,71 @@ def test_rows_bit_identical_to_llama_cpp(model, variant, monkeypatch):
             for s in range(8):
                 ctx.run_rows([(s, toks[s * 40:s * 40 + 300], 0, False)], {})
         for shape in SHAPES:
-            got = []
-            for ctx in (ours, theirs):
+            got, top = [], []
+            for ctx, argmax_only in ((ours, True), (ours, False), (theirs, False)):
                 rows = ctx.decode([(s, toks[900 + 10 * s:900 + 10 * s + n], 300, every)
-                                   for s, n, every in shape])
+                                   for s, n, every in shape], argmax_only)
+                # with argmax_only, the argmaxes come first and the logits are written
+                # only when read
+                top.append([ctx.argmax_at(i) for r in rows for i in r])
                 got.append(np.stack([ctx.logits_at(i).copy() for r in rows for i in r]))
                 for s, _, _ in shape:
                     ctx.truncate(s, 300)
-            assert np.array_equal(got[0].view(np.uint32), got[1].view(np.uint32)), shape
+            for g in got[:2]:
+                assert np.array_equal(g.view(np.uint32), got[2].view(np.uint32)), shape
+            assert top[0] == top[1] == top[2] == np.argmax(got[2], axis=1).tolist(), shape
     finally:
         ours.close()
         theirs.close()
+
+
+def _q8_rows(scales, values) -> np.ndarray:
+    """Q8_0 weight rows of one 32-value block each: fp16 scale, then the 32 int8 values."""
+    out = np.zeros((len(scales), 34), np.uint8)
+    out[:, :2] = np.asarray(scales, np.float16).view(np.uint8).reshape(-1, 2)
+    out[:, 2:] = np.asarray(values, np.int8).view(np.uint8)
+    return out
+
+
+@pytest.mark.parametrize("variant", ["avx512vnni", "avx2"])
+def test_the_kernels_argmax_is_numpys(variant, monkeypatch):
+    """On hand-written weights: the first of equal maxima, across the threads' shares of
+    the rows, and the first NaN (a NaN scale) wins, as with np.argmax of the logits."""
+    import ctypes as C
+
+    from ngramspec.llama.kernels import ggml
+
+    require(own_head.KERNEL)
+    if variant not in own_head.KERNEL.candidates():
+        pytest.skip(f"this CPU does not run the {variant} variant")
+    monkeypatch.setenv("NGRAMSPEC_KERNEL_VARIANT", variant)
+    lib = own_head.KERNEL.library()
+    n, rng = 4099, np.random.default_rng(7)
+    vals = rng.integers(-40, 40, (n, 32))
+    scales = np.full(n, 0.01)
+    for r in (3000, 17, 2100):  # one row, three times: the first (17) is the argmax
+        vals[r], scales[r] = 127, 0.05
+    w = _q8_rows(scales, vals)
+    h = np.ones((3, 32), np.float32)
+    h[1] = -1.0  # column 1: the smallest rows win instead
+    from_float = ggml.from_float(ggml.GGML_TYPE_Q8_0)
+
+    def run(weights, k):
+        out = [np.full(n, np.nan, np.float32) for _ in range(k)]
+        ptrs = (C.c_void_p * k)(*[o.ctypes.data for o in out])
+        best = np.full(k, -2, np.int64)
+        which = (C.c_int32 * k)(*range(k))
+        assert lib.ngs_q8_0_head(weights.ctypes.data, n, 32, h.ctypes.data, 32, which, k, ptrs,
+                                 2, from_float, best.ctypes.data) == 0
+        return out, best
+
+    for k in (1, 2, 3):
+        out, best = run(w, k)
+        assert best.tolist() == [int(np.argmax(o)) for o in out]
+        assert best[0] == 17
+    scales[[900, 2500]] = np.nan
+    out, best = run(_q8_rows(scales, vals), 3)
+    assert best.tolist() == [int(np.argmax(o)) for o in out] == [900, 900, 900]
 
 
 def test_another_model_decodes_with_or_without_it(smollm2):
@@ -96,7 +150,7 @@ def test_a_kernel_that_disagrees_is_never_used(model, monkeypatch):
     """The start-up check compares rows computed into fresh buffers: a kernel that writes
     nothing (or anything else) leaves llama.cpp's output layer in charge."""
     require(own_head.KERNEL)
-    monkeypatch.setattr(own_head.Hook, "_compute", lambda self, which, out: None)
+    monkeypatch.setattr(own_head.Hook, "_compute", lambda self, which, out, argmax=False: None)
     ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=2))
     try:
         assert ctx.head is not None and ctx.head.weight is not None and not ctx.head.active

@@ -368,17 +368,17 @@ class Engine:
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
-        rows = self._timed_decode(entries)
+        rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active))
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
 
-    def _timed_decode(self, entries: list) -> list[list[int]]:
+    def _timed_decode(self, entries: list, argmax_only: bool = False) -> list[list[int]]:
         """ctx.decode of a generation step; its time and shape go to the policy, whose
         cost model learns from every step (policy.observe_decode)."""
         if not entries:
             return []
         t0 = time.perf_counter()
-        rows = self.ctx.decode(entries)
+        rows = self.ctx.decode(entries, argmax_only)
         dt = time.perf_counter() - t0
         self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries], dt)
         return rows

@@ -308,13 +308,19 @@ class Sampler:
                                    else raw_probs(logits, tok, p.n_probs))
             return tok
         if self.chain is None:
-            tok = int(np.argmax(ctx.logits_at(index)))
+            tok = ctx.argmax_at(index)
         else:
+            ctx.logits_at(index)  # llama.cpp's buffer holds the row (Hook.materialize)
             tok = int(_llama().llama_sampler_sample(self.chain, ctx.ptr, index))
         if p.n_probs > 0:  # post-sampling without a chain: greedy argmax, probability 1
             self._probs.append(TokenProbs(tok, 1.0, ((tok, 1.0),), True) if p.post_sampling_probs
                                else raw_probs(ctx.logits_at(index), tok, p.n_probs))
         return tok
+
+    @property
+    def argmax_only(self) -> bool:
+        """Whether `sample` reads no more of a row than its argmax (`Context.argmax_at`)."""
+        return self.chain is None and self.params.n_probs <= 0
 
     def take_probs(self) -> list[TokenProbs]:
         """TokenProbs of the tokens sampled since the last call, in sampling order."""

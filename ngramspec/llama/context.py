@@ -154,6 +154,7 @@ class Context(FreedOnCollect):
 
     twin = None  # a TwinnedContext's prefill twin
     prompts_in_twin = False  # True in a TwinnedContext (the SWA cache's size, rule W)
+    _argmax: dict[int, int] = {}  # the last decode's argmaxes by batch index (argmax_at)
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
         lc = _llama()
@@ -203,8 +204,7 @@ class Context(FreedOnCollect):
 
     @property
     def cost_layout(self) -> dict:
-        """What decides how a decode of this context is laid out (split, padding, logit
-        passes): the layout fields of `cost.DecodeCost`."""
+        """The layout fields of `cost.DecodeCost` (split, padding, logit passes)."""
         return {"per_seq_streams": self.per_seq_streams, "n_ubatch": self.n_ubatch,
                 "pad": self.invariant, "logit_quantum": self.logit_quantum,
                 "lone_ok": self.lone_ok}
@@ -220,13 +220,16 @@ class Context(FreedOnCollect):
         if hasattr(self, "kernels"):
             self.kernels.close()  # after the context: its graphs call into them until then
 
-    def decode(self, entries: Sequence[tuple[int, Sequence[int], int, bool]]) -> list[list[int]]:
+    def decode(self, entries: Sequence[tuple[int, Sequence[int], int, bool]],
+               argmax_only: bool = False) -> list[list[int]]:
         """Evaluate several sequences' tokens in ONE llama_decode.
 
         entries: (seq_id, tokens, first position, all_logits), in ascending seq_id.
         With all_logits the logits of every token are kept, else only the last
         token's. Returns, per entry, the batch indices of its logit rows (for
-        `logits_at`/samplers). The total must fit in n_batch.
+        `logits_at`/`argmax_at`/samplers). The total must fit in n_batch. `argmax_only`:
+        readers likely want only `argmax_at` (our output layer then writes logits only if
+        one is read).
 
         Batch-invariant contexts: where llama.cpp would evaluate a token alone in a
         ubatch and its kernels would differ there (`lone_ok` False: the default F16
@@ -236,7 +239,7 @@ class Context(FreedOnCollect):
         """
         room = self.n_ctx_seq - (entries[-1][2] + len(entries[-1][1])) if entries else None
         lay = self.layout_for([(s, len(t), len(t) if a else 1) for s, t, _, a in entries], room)
-        return self.run_rows(entries, lay.pads, lay.pad_logits)
+        return self.run_rows(entries, lay.pads, lay.pad_logits, argmax_only)
 
     def prefill(self, seq_id: int, tokens: Sequence[int], pos0: int,
                 last: bool = True) -> tuple["Context", list[int]]:
@@ -253,13 +256,17 @@ class Context(FreedOnCollect):
         """A new prompt for `seq_id` whose first n_cached tokens this context holds."""
 
     def run_rows(self, entries, pads: dict[int, int],
-                 pad_logits: dict[int, int] | None = None) -> list[list[int]]:
+                 pad_logits: dict[int, int] | None = None,
+                 argmax_only: bool = False) -> list[list[int]]:
         """Fill the batch (`fill_batch`), decode, drop the pads. Raises ValueError,
         before writing anything, when they exceed n_batch: the llama_batch holds no
-        more rows."""
+        more rows. Invariant: `argmax_at` and `logits_at` answer for this decode only."""
         total = sum(len(t) + pads.get(seq_id, 0) for seq_id, t, _, _ in entries)
         if total > self.n_batch:
             raise ValueError(f"a decode of {total} tokens exceeds n_batch={self.n_batch}")
+        self._argmax = {}
+        if self.head is not None:
+            self.head.forget()
         rows, out = fill_batch(self.batch, entries, pads, pad_logits or {})
         armed = self.head is not None and self.head.wants(sum(out))
         if armed:
@@ -276,10 +283,11 @@ class Context(FreedOnCollect):
             if armed:
                 self.head.disarm()
             raise
-        if armed:  # our output layer: the rows' logits into llama.cpp's buffer
+        if armed:  # our output layer: the rows' argmaxes, and logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
             order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)
-            self.head.fill(self, order, {j for r in rows for j in r}, self.batch.pos)
+            self._argmax = self.head.fill(self, order, {j for r in rows for j in r},
+                                          self.batch.pos, logits=not argmax_only)
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))
@@ -306,9 +314,16 @@ class Context(FreedOnCollect):
         return lay
 
     def logits_at(self, index: int) -> np.ndarray:
-        """Logits of batch index `index` of the last decode (a view)."""
+        """Logits of batch index `index` of the last decode (a view; `Hook.materialize`)."""
+        if self.head is not None:
+            self.head.materialize(self)
         ptr = _llama().llama_get_logits_ith(self.ptr, index)
         return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+
+    def argmax_at(self, index: int) -> int:
+        """numpy's argmax of `logits_at(index)` (our output layer's, where it found it)."""
+        tok = self._argmax.get(index)
+        return tok if tok is not None else int(np.argmax(self.logits_at(index)))
 
     def truncate(self, seq_id: int, n: int) -> None:
         """Drop KV entries of `seq_id` at positions >= n."""

@@ -11,9 +11,14 @@ computes every column in the exact arithmetic order of ggml's `vec_dot_q8_0_q8_0
 How a decode uses it (`Context.run_rows`, decodes with 2+ logit rows): the context's
 eval callback (llama.cpp's public `cb_eval`, a C function in the same library) ends
 the graph after `result_norm`, the last node before the output matmul (every KV write
-comes earlier), keeping its rows; this module then writes each wanted row's logits
-into llama.cpp's own logits buffer (`llama_get_logits_ith`), so samplers and
-`logits_at` read them as if llama.cpp had computed them.
+comes earlier), keeping its rows; this module then finds each wanted row's argmax
+and writes its logits into llama.cpp's own logits buffer (`llama_get_logits_ith`), so
+samplers and `logits_at` read them as if llama.cpp had computed them. A decode whose
+samplers only take the argmax (`Context.decode(argmax_only=True)`) writes no logits:
+they are computed only if some reader asks for them before the next decode
+(`materialize`), so a greedy verify step neither writes a megabyte a row nor pays
+llama.cpp's reordering of its output rows (`llama_get_logits_ith` swaps whole rows
+into batch order the first time it is called after a multi-sequence decode).
 
 Invariants:
 - used only where a start-up check (`Hook.verify`) found our rows bit-identical to
@@ -21,6 +26,8 @@ Invariants:
 - used only when the output matmul over `result_norm` is the graph's
   `result_output` (no logit soft-capping after it) and its weight is a plain Q8_0
   matrix;
+- an argmax is numpy's argmax of the same row's logits (the first greatest value, or
+  the first NaN), checked at start-up with the logits (`verify`);
 - rows are matched to batch indices in llama.cpp's output order: ubatch by ubatch
   (`ubatch.split`), within a ubatch sequence by sequence, as `llama_batch_allocr`
   orders them; the callback records each row's position (the ubatch's `inp_pos` at the
@@ -80,8 +87,10 @@ class Hook:
                           ub_out=self.pos[2].ctypes.data, pos_cap=max_rows, n_ub_pos=-1,
                           n_ub_out=-1)
         self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
+        self.argmax = np.zeros(max_rows, np.int64)
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
+        self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
 
     def install(self, cparams) -> None:
         import llama_cpp
@@ -118,16 +127,17 @@ class Hook:
     def disarm(self) -> None:
         self.hook.stop = 0
 
-    def fill(self, ctx, order: Sequence[int], wanted: set[int], positions: Sequence[int]) -> None:
-        """After an armed decode: the logits of the batch indices in `wanted`, written
-        into llama.cpp's buffer. `order`: the batch index of each result_norm row, in
-        the order llama.cpp evaluated them; `positions`: each batch index's position.
-        Raises RuntimeError unless llama.cpp's rows are as many and each has the
-        position of the batch index `order` gives it. During `verify`'s decode only the
-        rows are kept (verify computes them into buffers of its own)."""
-        import llama_cpp
-
+    def fill(self, ctx, order: Sequence[int], wanted: set[int], positions: Sequence[int],
+             logits: bool = True) -> dict[int, int]:
+        """After an armed decode: {batch index: argmax} of the batch indices in `wanted`,
+        and (with `logits`, else on `materialize`) their logits, written into llama.cpp's
+        buffer. `order`: the batch index of each result_norm row, in the order llama.cpp
+        evaluated them; `positions`: each batch index's position. Raises RuntimeError
+        unless llama.cpp's rows are as many and each has the position of the batch index
+        `order` gives it. During `verify`'s decode only the rows are kept (verify
+        computes them into buffers of its own)."""
         h = self.hook
+        self._lazy = None
         self.disarm()
         if h.overflow or h.n_rows != len(order):
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
@@ -140,17 +150,45 @@ class Hook:
                                f"batch index {order[bad]} at {want[bad]}: llama.cpp's row "
                                f"order is not the one assumed")
         which = [j for j, i in enumerate(order) if i in wanted]
-        if which and not self._checking:
-            self._compute(which, [llama_cpp.llama_get_logits_ith(ctx.ptr, order[j])
-                                  for j in which])
+        if not which or self._checking:
+            return {}
+        batch = [order[j] for j in which]
+        if logits:
+            self._compute(which, self._buffers(ctx, batch), argmax=True)
+        else:
+            self._compute(which, [None] * len(which), argmax=True)
+            self._lazy = (which, batch)
+        return dict(zip(batch, self.argmax[:len(which)].tolist()))
 
-    def _compute(self, which: Sequence[int], out: Sequence) -> None:
-        """Logits of the kept result_norm rows `which` into the float buffers `out`."""
+    def materialize(self, ctx) -> None:
+        """The logits `fill` left unwritten (logits=False), written now: called before
+        anything reads llama.cpp's logits buffer, and before the next decode only (the
+        kept rows are the last decode's)."""
+        if self._lazy is not None:
+            which, batch = self._lazy
+            self._lazy = None
+            self._compute(which, self._buffers(ctx, batch))
+
+    def forget(self) -> None:
+        """A new decode begins: logits `fill` left unwritten are never wanted now."""
+        self._lazy = None
+
+    @staticmethod
+    def _buffers(ctx, batch: Sequence[int]) -> list:
+        import llama_cpp
+
+        return [llama_cpp.llama_get_logits_ith(ctx.ptr, i) for i in batch]
+
+    def _compute(self, which: Sequence[int], out: Sequence, argmax: bool = False) -> None:
+        """Logits of the kept result_norm rows `which` into the float buffers `out` (None:
+        not kept); with `argmax`, each row's argmax into self.argmax[:len(which)]."""
         w, n_vocab = self.weight
         idx = (C.c_int32 * len(which))(*which)
-        ptrs = (C.c_void_p * len(which))(*[C.cast(p, C.c_void_p).value for p in out])
+        ptrs = (C.c_void_p * len(which))(*[C.cast(p, C.c_void_p).value if p is not None else None
+                                           for p in out])
+        best = self.argmax.ctypes.data if argmax else None
         rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, self.rows.ctypes.data, self.n_embd,
-                                    idx, len(which), ptrs, self.n_threads, self.from_float)
+                                    idx, len(which), ptrs, self.n_threads, self.from_float, best)
         if rc != 0:
             raise MemoryError("the output layer could not allocate its quantized columns")
 
@@ -174,8 +212,9 @@ class Hook:
             self._checking = False
             ctx.truncate(0, 0)
         ours = np.full_like(theirs, np.nan)
-        self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours])
-        self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)))
+        self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours], argmax=True)
+        self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)) and
+                           np.array_equal(self.argmax[:len(tokens)], np.argmax(theirs, axis=1)))
         return self.active
 
 
@@ -203,5 +242,5 @@ KERNEL = Kernel(
     name="head", source="q8_head", env="NGRAMSPEC_OWN_HEAD", hook_struct=_Hook,
     functions={"ngs_q8_0_head": (C.c_int, [C.c_void_p, C.c_int64, C.c_int64, C.c_void_p,
                                            C.c_int64, C.c_void_p, C.c_int, C.c_void_p, C.c_int,
-                                           C.c_void_p])},
+                                           C.c_void_p, C.c_void_p])},
     create=Hook.create, node_kernel=False, variants=("avx512vnni", "avx2"))

@@ -112,7 +112,7 @@ static void mm_compute(const char *w, size_t row_bytes, int64_t N, int64_t K, co
             for (int b = 0; b < nb; ++b) unpack_q5_0(row + b, tile + (r - r0) * nb + b);
         }
         for (int64_t c = 0; c < M; ++c) out[c] = (float *)(dst + c * dst_stride) + r0;
-        rows_x_all_cols(tile, 0, r1 - r0, &cols, out);
+        rows_x_all_cols(tile, 0, r1 - r0, &cols, out, NULL);
     }
 }
 

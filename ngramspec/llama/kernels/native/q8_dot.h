@@ -16,12 +16,29 @@
 typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8;
 typedef void (*from_float_t)(const float *, void *, int64_t);
 
+/* A column's argmax being found over rows seen in increasing order: numpy's argmax, the
+ * first greatest value, or the first NaN if there is one (i < 0: no row seen yet). */
+typedef struct { float v; int64_t i; } best_t;
+
+static inline void best_take(best_t *b, float v, int64_t i) {
+    if (b->i < 0 || v > b->v || (v != v && b->v == b->v)) { b->v = v; b->i = i; }
+}
+
+/* Row r's value v of column c: into out[c][r] where column c's values are kept (out[c]
+ * not NULL), and seen by column c's argmax where one is found (best not NULL). */
+static inline __attribute__((always_inline)) void put(float **out, best_t *best, int c,
+                                                     int64_t r, float v) {
+    if (out[c]) out[c][r] = v;
+    if (best) best_take(best + c, v, r);
+}
+
 /* Rows [r0, r1) of w (nb blocks a row) against columns c0 .. c0+nc-1 of y (nb blocks a
- * column; yd: their scales as floats), into out[c][r] (nc <= 8, a constant where
- * inlined). One row at a time: a row streams through once for its nc columns. */
+ * column; yd: their scales as floats), into out[c][r] and best (`put`; nc <= 8, a
+ * constant where inlined). One row at a time: a row streams through once for its nc
+ * columns. */
 static inline __attribute__((always_inline)) void rows_x_cols(
         const block_q8 *w, int64_t r0, int64_t r1, int nb, const block_q8 *y,
-        const float *yd, int c0, int nc, float **out) {
+        const float *yd, int c0, int nc, float **out, best_t *best) {
     const __m256i ones = _mm256_set1_epi16(1);
     for (int64_t r = r0; r < r1; ++r) {
         const block_q8 *x = w + r * nb;
@@ -41,7 +58,7 @@ static inline __attribute__((always_inline)) void rows_x_cols(
             }
         }
         for (int j = 0; j < nc; ++j)
-            out[c0 + j][r] = lanes_sum(acc[j]);
+            put(out, best, c0 + j, r, lanes_sum(acc[j]));
     }
 }
 
@@ -93,9 +110,11 @@ static inline void prepare_pairs(const cols_t *c) {
 }
 
 /* Rows [r0, r1) of w against the column pairs p0 .. p0+np-1 (np <= 8, a constant where
- * inlined), into out[c][r]. */
+ * inlined), into out[c][r] and best (`put`; an odd last column's zero partner is
+ * dropped). */
 static inline __attribute__((always_inline)) void rows_x_pairs(
-        const block_q8 *w, int64_t r0, int64_t r1, const cols_t *c, int p0, int np, float **out) {
+        const block_q8 *w, int64_t r0, int64_t r1, const cols_t *c, int p0, int np, float **out,
+        best_t *best) {
     const __m256i k80 = _mm256_set1_epi8((char)0x80);
     const int nb = c->nb;
     for (int64_t r = r0; r < r1; ++r) {
@@ -114,21 +133,26 @@ static inline __attribute__((always_inline)) void rows_x_pairs(
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
             }
         }
-        for (int j = 0; j < np; ++j) store_pair_sums(out, 2 * (p0 + j), c->k, r, acc[j]);
+        for (int j = 0; j < np; ++j) {
+            const int col = 2 * (p0 + j);
+            put(out, best, col, r, lanes_sum(_mm512_castps512_ps256(acc[j])));
+            if (col + 1 < c->k) put(out, best, col + 1, r, lanes_sum(upper_half(acc[j])));
+        }
     }
 }
 
-/* Rows [r0, r1) against all k columns: 16 at a time from L1, then the rest by pairs. */
+/* Rows [r0, r1) against all k columns: 16 at a time from L1, then the rest by pairs;
+ * into out and best (`put`; best NULL: no argmax). */
 static inline void rows_x_all_cols(const block_q8 *w, int64_t r0, int64_t r1, const cols_t *c,
-                                   float **out) {
+                                   float **out, best_t *best) {
     const int n_pairs = (c->k + 1) / 2;
     for (int p0 = 0, n = 0; p0 < n_pairs; p0 += n) {
         n = n_pairs - p0 >= 8 ? 8 : n_pairs - p0 >= 4 ? 4 : n_pairs - p0 >= 2 ? 2 : 1;
         switch (n) {
-        case 8: rows_x_pairs(w, r0, r1, c, p0, 8, out); break;
-        case 4: rows_x_pairs(w, r0, r1, c, p0, 4, out); break;
-        case 2: rows_x_pairs(w, r0, r1, c, p0, 2, out); break;
-        default: rows_x_pairs(w, r0, r1, c, p0, 1, out); break;
+        case 8: rows_x_pairs(w, r0, r1, c, p0, 8, out, best); break;
+        case 4: rows_x_pairs(w, r0, r1, c, p0, 4, out, best); break;
+        case 2: rows_x_pairs(w, r0, r1, c, p0, 2, out, best); break;
+        default: rows_x_pairs(w, r0, r1, c, p0, 1, out, best); break;
         }
     }
 }
@@ -137,22 +161,23 @@ static inline void rows_x_all_cols(const block_q8 *w, int64_t r0, int64_t r1, co
 static inline int64_t pairs_bytes(int k, int nb) { (void)k; (void)nb; return 0; }
 static inline void prepare_pairs(const cols_t *c) { (void)c; }
 
-/* Rows [r0, r1) against all k columns: 8 at a time from L1, then 4, then the rest.
- * (Tiles of 3 rows x 4 columns measured slower here: 2.23 against 2.07 cycles a pair
- * from L1, and half the speed where rows stream from memory.) */
+/* Rows [r0, r1) against all k columns: 8 at a time from L1, then 4, then the rest;
+ * into out and best (`put`; best NULL: no argmax). (Tiles of 3 rows x 4 columns
+ * measured slower here: 2.23 against 2.07 cycles a pair from L1, and half the speed
+ * where rows stream from memory.) */
 static inline void rows_x_all_cols(const block_q8 *w, int64_t r0, int64_t r1, const cols_t *c,
-                                   float **out) {
+                                   float **out, best_t *best) {
     const int k = c->k, nb = c->nb;
     const block_q8 *y = c->y;
     const float *yd = c->yd;
     for (int c0 = 0, n = 0; c0 < k; c0 += n) {
         n = k - c0 >= 8 ? 8 : k - c0 >= 4 ? 4 : k - c0;
         switch (n) {
-        case 8: rows_x_cols(w, r0, r1, nb, y, yd, c0, 8, out); break;
-        case 4: rows_x_cols(w, r0, r1, nb, y, yd, c0, 4, out); break;
-        case 3: rows_x_cols(w, r0, r1, nb, y, yd, c0, 3, out); break;
-        case 2: rows_x_cols(w, r0, r1, nb, y, yd, c0, 2, out); break;
-        default: rows_x_cols(w, r0, r1, nb, y, yd, c0, 1, out); break;
+        case 8: rows_x_cols(w, r0, r1, nb, y, yd, c0, 8, out, best); break;
+        case 4: rows_x_cols(w, r0, r1, nb, y, yd, c0, 4, out, best); break;
+        case 3: rows_x_cols(w, r0, r1, nb, y, yd, c0, 3, out, best); break;
+        case 2: rows_x_cols(w, r0, r1, nb, y, yd, c0, 2, out, best); break;
+        default: rows_x_cols(w, r0, r1, nb, y, yd, c0, 1, out, best); break;
         }
     }
 }

@@ -9,6 +9,7 @@
  * is ever used.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -18,20 +19,35 @@
 
 /* logits out[c][0 .. n_rows) of the weight matrix w (n_rows rows of n_embd Q8_0 values)
  * for the k activation rows h + which[c] * h_stride (floats), quantized with ggml's own
- * `from_float` (the CPU backend's Q8_0 quantizer). Runs on nth OpenMP threads. Returns
- * 0, or -1 when memory for the quantized columns cannot be had. */
+ * `from_float` (the CPU backend's Q8_0 quantizer); out[c] NULL: column c's logits are
+ * not kept. With argmax (not NULL), argmax[c] = numpy's argmax of column c's logits
+ * (the first greatest, or the first NaN), found as they are computed. Runs on nth
+ * OpenMP threads. Returns 0, or -1 when memory for the quantized columns cannot be had. */
 int ngs_q8_0_head(const void *w, int64_t n_rows, int64_t n_embd, const float *h,
                   int64_t h_stride, const int32_t *which, int k, float **out, int nth,
-                  from_float_t from_float) {
+                  from_float_t from_float, int64_t *argmax) {
     const int nb = (int)(n_embd / 32);
     char *mem = aligned_alloc(64, (size_t)cols_bytes(k, nb));
-    if (!mem) return -1;
+    best_t *best = argmax ? malloc(sizeof(best_t) * (size_t)k * (size_t)nth) : NULL;
+    if (!mem || (argmax && !best)) { free(mem); free(best); return -1; }
+    for (int64_t i = 0; best && i < (int64_t)k * nth; ++i) best[i] = (best_t){0.0f, -1};
     const cols_t cols = cols_at(mem, k, nb);
     quantize_cols(from_float, (const char *)h, h_stride * (int64_t)sizeof(float), which, &cols);
     const block_q8 *wb = (const block_q8 *)w;
+    /* schedule(static): thread t takes the t-th contiguous share of the rows, so taking
+     * the threads' argmaxes in thread order keeps numpy's first-occurrence rule */
 #pragma omp parallel for schedule(static) num_threads(nth)
     for (int64_t r0 = 0; r0 < n_rows; r0 += 16)  /* 16 weight rows stay in L1 for all columns */
-        rows_x_all_cols(wb, r0, r0 + 16 < n_rows ? r0 + 16 : n_rows, &cols, out);
+        rows_x_all_cols(wb, r0, r0 + 16 < n_rows ? r0 + 16 : n_rows, &cols, out,
+                        best ? best + (int64_t)omp_get_thread_num() * k : NULL);
+    for (int c = 0; best && c < k; ++c) {
+        best_t b = {0.0f, -1};
+        for (int t = 0; t < nth; ++t)
+            if (best[(int64_t)t * k + c].i >= 0) best_take(&b, best[(int64_t)t * k + c].v,
+                                                           best[(int64_t)t * k + c].i);
+        argmax[c] = b.i;
+    }
+    free(best);
     free(mem);
     return 0;
 }
