@@ -82,13 +82,14 @@ def kernel_hook(ctx) -> C.Structure:
     """The context's hook of the kernel measured (`set_on` toggles it); exits where this
     machine cannot run the kernel."""
     attr = "matmul" if KERNEL == "kquant" else KERNEL
-    if getattr(ctx, attr) is None:
+    hook = ctx.kernels.get(attr)
+    if hook is None:
         sys.exit(f"the {attr} kernel is not available here (`ngramspec doctor` says why)")
     from ngramspec.llama.kernels import variant_of
 
-    print(f"# {KERNEL}: the {variant_of(getattr(ctx, attr).lib)} variant "
+    print(f"# {KERNEL}: the {variant_of(hook.lib)} variant "
           f"(NGRAMSPEC_KERNEL_VARIANT picks one)", flush=True)
-    return getattr(ctx, attr).hook
+    return hook.hook
 
 
 def set_on(hook: C.Structure, on: int) -> None:
