@@ -154,7 +154,6 @@ class Context(FreedOnCollect):
 
     twin = None  # a TwinnedContext's prefill twin
     prompts_in_twin = False  # True in a TwinnedContext (the SWA cache's size, rule W)
-    _argmax: dict[int, int] = {}  # the last decode's argmaxes by batch index (argmax_at)
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
         lc = _llama()
@@ -264,7 +263,6 @@ class Context(FreedOnCollect):
         total = sum(len(t) + pads.get(seq_id, 0) for seq_id, t, _, _ in entries)
         if total > self.n_batch:
             raise ValueError(f"a decode of {total} tokens exceeds n_batch={self.n_batch}")
-        self._argmax = {}
         if self.head is not None:
             self.head.forget()
         rows, out = fill_batch(self.batch, entries, pads, pad_logits or {})
@@ -286,8 +284,8 @@ class Context(FreedOnCollect):
         if armed:  # our output layer: the rows' argmaxes, and logits into llama.cpp's buffer
             lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
             order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)
-            self._argmax = self.head.fill(self, order, {j for r in rows for j in r},
-                                          self.batch.pos, logits=not argmax_only)
+            self.head.fill(self, order, {j for r in rows for j in r}, self.batch.pos,
+                           logits=not argmax_only)
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))
@@ -322,7 +320,7 @@ class Context(FreedOnCollect):
 
     def argmax_at(self, index: int) -> int:
         """numpy's argmax of `logits_at(index)` (our output layer's, where it found it)."""
-        tok = self._argmax.get(index)
+        tok = self.head.tops.get(index) if self.head is not None else None
         return tok if tok is not None else int(np.argmax(self.logits_at(index)))
 
     def truncate(self, seq_id: int, n: int) -> None:

@@ -91,6 +91,7 @@ class Hook:
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
         self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
+        self.tops: dict[int, int] = {}  # the last armed decode's argmax by batch index
 
     def install(self, cparams) -> None:
         import llama_cpp
@@ -128,16 +129,16 @@ class Hook:
         self.hook.stop = 0
 
     def fill(self, ctx, order: Sequence[int], wanted: set[int], positions: Sequence[int],
-             logits: bool = True) -> dict[int, int]:
-        """After an armed decode: {batch index: argmax} of the batch indices in `wanted`,
-        and (with `logits`, else on `materialize`) their logits, written into llama.cpp's
-        buffer. `order`: the batch index of each result_norm row, in the order llama.cpp
+             logits: bool = True) -> None:
+        """After an armed decode: `tops` = {batch index: argmax} of the batch indices in
+        `wanted`, and (with `logits`, else on `materialize`) their logits, written into
+        llama.cpp's buffer. `order`: the batch index of each result_norm row, in the order llama.cpp
         evaluated them; `positions`: each batch index's position. Raises RuntimeError
         unless llama.cpp's rows are as many and each has the position of the batch index
         `order` gives it. During `verify`'s decode only the rows are kept (verify
         computes them into buffers of its own)."""
         h = self.hook
-        self._lazy = None
+        self.forget()
         self.disarm()
         if h.overflow or h.n_rows != len(order):
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
@@ -151,14 +152,14 @@ class Hook:
                                f"order is not the one assumed")
         which = [j for j, i in enumerate(order) if i in wanted]
         if not which or self._checking:
-            return {}
+            return
         batch = [order[j] for j in which]
         if logits:
             self._compute(which, self._buffers(ctx, batch), argmax=True)
         else:
             self._compute(which, [None] * len(which), argmax=True)
             self._lazy = (which, batch)
-        return dict(zip(batch, self.argmax[:len(which)].tolist()))
+        self.tops = dict(zip(batch, self.argmax[:len(which)].tolist()))
 
     def materialize(self, ctx) -> None:
         """The logits `fill` left unwritten (logits=False), written now: called before
@@ -170,8 +171,8 @@ class Hook:
             self._compute(which, self._buffers(ctx, batch))
 
     def forget(self) -> None:
-        """A new decode begins: logits `fill` left unwritten are never wanted now."""
-        self._lazy = None
+        """A new decode begins: the last one's argmaxes and unwritten logits are gone."""
+        self._lazy, self.tops = None, {}
 
     @staticmethod
     def _buffers(ctx, batch: Sequence[int]) -> list:

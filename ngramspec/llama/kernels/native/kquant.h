@@ -313,7 +313,7 @@ static inline __attribute__((always_inline)) void q6k_rows_x_pairs(
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(sumi), acc[j]);
             }
         }
-        for (int j = 0; j < np; ++j) store_pair_sums(out, 2 * (p0 + j), c->k, r, acc[j]);
+        for (int j = 0; j < np; ++j) store_pair_sums(out, NULL, 2 * (p0 + j), c->k, r, acc[j]);
     }
 }
 

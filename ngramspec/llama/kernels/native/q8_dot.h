@@ -16,22 +16,6 @@
 typedef struct { uint16_t d; int8_t qs[32]; } __attribute__((packed)) block_q8;
 typedef void (*from_float_t)(const float *, void *, int64_t);
 
-/* A column's argmax being found over rows seen in increasing order: numpy's argmax, the
- * first greatest value, or the first NaN if there is one (i < 0: no row seen yet). */
-typedef struct { float v; int64_t i; } best_t;
-
-static inline void best_take(best_t *b, float v, int64_t i) {
-    if (b->i < 0 || v > b->v || (v != v && b->v == b->v)) { b->v = v; b->i = i; }
-}
-
-/* Row r's value v of column c: into out[c][r] where column c's values are kept (out[c]
- * not NULL), and seen by column c's argmax where one is found (best not NULL). */
-static inline __attribute__((always_inline)) void put(float **out, best_t *best, int c,
-                                                     int64_t r, float v) {
-    if (out[c]) out[c][r] = v;
-    if (best) best_take(best + c, v, r);
-}
-
 /* Rows [r0, r1) of w (nb blocks a row) against columns c0 .. c0+nc-1 of y (nb blocks a
  * column; yd: their scales as floats), into out[c][r] and best (`put`; nc <= 8, a
  * constant where inlined). One row at a time: a row streams through once for its nc
@@ -133,11 +117,7 @@ static inline __attribute__((always_inline)) void rows_x_pairs(
                 acc[j] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(s), acc[j]);
             }
         }
-        for (int j = 0; j < np; ++j) {
-            const int col = 2 * (p0 + j);
-            put(out, best, col, r, lanes_sum(_mm512_castps512_ps256(acc[j])));
-            if (col + 1 < c->k) put(out, best, col + 1, r, lanes_sum(upper_half(acc[j])));
-        }
+        for (int j = 0; j < np; ++j) store_pair_sums(out, best, 2 * (p0 + j), c->k, r, acc[j]);
     }
 }
 
