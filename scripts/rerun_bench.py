@@ -19,6 +19,12 @@ removed from its middle) and the edited set runs, reps times interleaved:
 How much the edit changed each output (the first run's text against the cold run's:
 common prefix, difflib ratio) is printed per document kind beside its generation time.
 
+--bound then replays the edited documents offline (no timing noise: the run's decode-cost
+curve prices every step), with the cold run's texts as the outputs, without and with the
+first run's texts as predictions, through auto's planner and through a clairvoyant one
+(each step verifies exactly the longest accepted run of its proposals): how much any
+planner with these drafters could gain over cold.
+
 Each batch is its own process, one at a time (2 cores: never two model processes).
 It prints the texts' agreement, summed `predicted_ms` (generation) and the
 summary's wall time (prompts included, model loading excluded), the best of reps,
@@ -97,6 +103,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--split", default="eval")
     ap.add_argument("--json-out", default=None)
+    ap.add_argument("--bound", action="store_true",
+                    help="also replay offline with a clairvoyant planner (modelled seconds)")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="rerun-"))
@@ -123,6 +131,48 @@ def main() -> None:
                 extra = ["--previous", runs["cold"][-1]["path"]]
             runs[m].append(run_batch(work, f"{m}-{rep}", inp, args, extra))
     report(args, runs, first)
+    if args.bound:
+        bounds(v2, first, best(runs["cold"]), args)
+
+
+def bounds(v2: Path, first: dict, cold: dict, args) -> None:
+    """Modelled generation of the edited documents, replayed with the cold texts as the
+    outputs (re-tokenized), cold and with the first texts as predictions, by auto's
+    planner and by a clairvoyant one (bench/replay.py). Loads the model after every
+    batch has finished, for its tokenizer and its cached decode-cost curve."""
+    import numpy as np
+
+    from ngramspec.bench.replay import replay_batch
+    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.settings.config import AUTO, SpecConfig
+    from ngramspec.spec.drafters.chains import Chains
+    from ngramspec.spec.drafters.prediction import PredictionDrafter
+    from ngramspec.spec.policy import CostPolicy
+    from ngramspec.spec.pool import HashPool
+
+    spec = SpecConfig().with_types(AUTO)
+    eng = load_engine(EngineSettings(None, n_ctx=4096 * args.parallel, threads=args.threads,
+                                     n_seq=args.parallel, spec=spec))
+    tok = lambda text: np.asarray(eng.model.tokenize(text, add_special=False, parse_special=False),
+                                  dtype=np.int32)
+    recs = [json.loads(x) for x in v2.read_text().splitlines()]
+    streams = [(np.asarray(eng.model.tokenize(r["prompt"]), dtype=np.int32),
+                tok(cold["texts"][r["id"]])) for r in recs]
+    preds = [tok(first["texts"][r["id"]]) for r in recs]
+    speed = {}
+    for name, own, clair in (("cold", False, False), ("previous", True, False),
+                             ("cold, clairvoyant", False, True), ("previous, clairvoyant", True, True)):
+        chain = Chains(HashPool(spec.pool_bytes)).get(spec)
+        speed[name] = replay_batch(chain, CostPolicy(eng.policy.cost, compare_all=True),
+                                   eng.policy.cost, streams, slots=args.parallel,
+                                   own=(lambda i: [PredictionDrafter(preds[i])]) if own else None,
+                                   clairvoyant=clair)[1]
+    eng.ctx.close()
+    print("replayed offline (modelled generation, plain decoding / each): " +
+          ", ".join(f"{k} {v:.2f}x" for k, v in speed.items()))
+    print(f"previous vs cold, modelled: auto {speed['previous'] / speed['cold']:.2f}x; both "
+          f"clairvoyant {speed['previous, clairvoyant'] / speed['cold, clairvoyant']:.2f}x; "
+          f"previous clairvoyant vs cold auto {speed['previous, clairvoyant'] / speed['cold']:.2f}x")
 
 
 def per_kind(first: dict, b: dict) -> None:

@@ -108,3 +108,26 @@ def test_a_decode_holds_at_most_the_logit_buffer_cap():
     # the planner keeps the total: 8 sequences that would each draft 48
     ks = plan([opts(0.9)] * 8, [Shape(s, 1, 1) for s in range(8)], None, 63, 128)
     assert sum(ks) + 8 <= 128
+
+
+def test_clairvoyant_replay_verifies_exactly_the_accepted_runs():
+    """replay_batch(clairvoyant=True): each step verifies the longest accepted run of its
+    proposals and nothing else, so no drafted token is rejected, the stream is
+    followed to its end, and no planner using the same drafters is faster."""
+    from ngramspec.spec.drafters.prediction import PredictionDrafter
+
+    rng = np.random.default_rng(3)
+    for copy, noise in (_copy_and_noise(rng), _copy_and_noise(rng)):
+        for prompt, gen in (copy, noise):
+            chain = DrafterChain(SpecConfig(types=("ngram-simple",)), drafters=[
+                NgramSimple(NgramMapParams(size_n=3, size_m=64), HashPool(1 << 20))])
+            edited = np.r_[gen[:100], gen[110:]].astype(np.int32)  # a prediction missing 10 tokens
+            runs = {}
+            for clair in (False, True):
+                runs[clair] = replay_batch(chain, CostPolicy(CPU4, compare_all=True), CPU4,
+                                           [(prompt, gen)], clairvoyant=clair,
+                                           own=lambda i: [PredictionDrafter(edited)])
+            (res,), speedup = runs[True]
+            assert res.accepted == res.drafted  # nothing rejected
+            assert res.steps + res.accepted == len(gen) - 1
+            assert speedup >= runs[False][1]

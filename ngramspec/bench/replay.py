@@ -29,7 +29,7 @@ from ..console import out_console
 from ..errors import NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH
 from ..spec.policy import FixedPolicy
-from ..spec.speculation import Speculation
+from ..spec.speculation import DraftOptions, Speculation
 from ..spec.stats import tokens_per_step
 
 
@@ -122,12 +122,41 @@ class _Seq:
                             self.drafted, self.accepted, np.asarray(self.times, dtype=np.int64))
 
 
+def _matched(draft: np.ndarray, truth: np.ndarray) -> int:
+    """How many leading tokens of `draft` the stream's continuation `truth` accepts."""
+    n = min(len(draft), len(truth))
+    neq = np.flatnonzero(draft[:n] != truth[:n])
+    return int(neq[0]) if len(neq) else n
+
+
+def _clairvoyant(s: _Seq, opts: DraftOptions) -> int:
+    """What a planner that knew the stream would verify this step: the proposal with
+    the longest accepted run, exactly that long (nothing rejected, none left
+    unproposed). `s`'s options are narrowed to that proposal, so `commit(k)` takes it."""
+    at = s.n_hist - len(s.prompt)
+    truth = s.generated[at + 1:]
+    runs = [_matched(dr, truth) for _, dr in opts.proposals]
+    if not runs or max(runs) == 0:
+        return 0
+    best = int(np.argmax(runs))
+    s.sp.options = DraftOptions([opts.proposals[best]])
+    return runs[best]
+
+
+def _lengths(active: list, opts: list, policy, per_seq: int, total: int,
+             clairvoyant: bool) -> list[int]:
+    """Each running sequence's draft length this step: the planner's, or the clairvoyant's."""
+    if clairvoyant:
+        return [_clairvoyant(s, o) for (_, s), o in zip(active, opts)]
+    return planner.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active],
+                        getattr(policy, "cost", None), per_seq, total)
+
+
 def _verify(s: _Seq, draft: np.ndarray) -> int:
     """Check `draft` against the stream, advance by accepted + 1; return accepted."""
     at = s.n_hist - len(s.prompt)
     truth = s.generated[at + 1:at + 2 + len(draft)]
-    neq = np.flatnonzero(draft != truth[:len(draft)])
-    n_acc = int(neq[0]) if len(neq) else len(draft)
+    n_acc = _matched(draft, truth)
     if len(draft):
         s.drafts, s.drafted, s.accepted = s.drafts + 1, s.drafted + len(draft), s.accepted + n_acc
     s.sp.settle([int(t) for t in truth[:n_acc + 1]], n_acc)
@@ -166,7 +195,7 @@ def _start(slot: int, chain: DrafterChain, policy, own: Sequence, index: int,
 def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.ndarray, np.ndarray]],
                  *, slots: int | None = None, max_draft: int | None = None,
                  on_step: Callable[[int, int, int, int], None] | None = None,
-                 own: Callable[[int], Sequence] | None = None
+                 own: Callable[[int], Sequence] | None = None, clairvoyant: bool = False
                  ) -> tuple[list[ReplayResult], float | None]:
     """Replay recorded streams through `slots` slots (default: one per stream), as a
     server would decode them: waiting streams start when a slot frees.
@@ -179,7 +208,8 @@ def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.n
     decoding's modelled time, through the same slots, over that (the speedup).
     `on_step` gets (stream, history length, drafted, accepted); `own(i)` gives stream
     i's own drafters (a prediction: `PredictionDrafter(generated)` is the oracle).
-    """
+    `clairvoyant`: each step verifies the longest accepted run of its proposals
+    instead (`_clairvoyant`), the bound of any planner with these drafters."""
     streams = [(as_tokens(p, "prompt"), as_tokens(g, "generated")) for p, g in streams]
     slots = slots or len(streams)
     queue = collections.deque(range(len(streams)))
@@ -207,8 +237,7 @@ def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.n
             room = min(cap, len(s.generated) - 2 - (s.n_hist - len(s.prompt)))
             hist = np.concatenate([s.prompt, s.generated[:s.n_hist - len(s.prompt)]])
             opts.append(s.sp.plan(hist, s.sampled, room))
-        ks = planner.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active],
-                          getattr(policy, "cost", None), per_seq, total)
+        ks = _lengths(active, opts, policy, per_seq, total, clairvoyant)
         shapes = []
         for (slot, s), k in zip(active, ks):
             draft = s.sp.commit(k)
