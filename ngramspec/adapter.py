@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from .settings.config import SpecConfig, spec_config_from_options
-from .spec.drafters import DrafterChain
+from .spec.drafters import DrafterChain, common_prefix
 from .spec.policy import FixedPolicy
 from .spec.speculation import Speculation
 
@@ -58,9 +58,7 @@ class NgramDraftModel(LlamaDraftModel):
             self.spec.begin(ids[:-1])
         else:
             new = ids[len(prev):]
-            n = min(len(new), len(self._draft))
-            neq = np.flatnonzero(self._draft[:n] != new[:n])
-            n_acc = int(neq[0]) if len(neq) else n
+            n_acc = common_prefix(self._draft, new)
             self.spec.settle(new[:n_acc + 1].tolist(), n_acc)
         opts = self.spec.plan(ids[:-1], int(ids[-1]), self.num_pred_tokens)
         self._draft = self.spec.commit(opts.k_max)

@@ -24,7 +24,7 @@ from rich.table import Table
 from ..spec import planner
 from ..settings.config import SPEC_TYPES, SpecConfig
 from ..spec.cost import Shape
-from ..spec.drafters import DrafterChain, as_tokens
+from ..spec.drafters import DrafterChain, as_tokens, common_prefix
 from ..console import out_console
 from ..errors import NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH
@@ -122,20 +122,13 @@ class _Seq:
                             self.drafted, self.accepted, np.asarray(self.times, dtype=np.int64))
 
 
-def _matched(draft: np.ndarray, truth: np.ndarray) -> int:
-    """How many leading tokens of `draft` the stream's continuation `truth` accepts."""
-    n = min(len(draft), len(truth))
-    neq = np.flatnonzero(draft[:n] != truth[:n])
-    return int(neq[0]) if len(neq) else n
-
-
 def _clairvoyant(s: _Seq, opts: DraftOptions) -> int:
     """What a planner that knew the stream would verify this step: the proposal with
     the longest accepted run, exactly that long (nothing rejected, none left
     unproposed). `s`'s options are narrowed to that proposal, so `commit(k)` takes it."""
     at = s.n_hist - len(s.prompt)
     truth = s.generated[at + 1:]
-    runs = [_matched(dr, truth) for _, dr in opts.proposals]
+    runs = [common_prefix(dr, truth) for _, dr in opts.proposals]
     if not runs or max(runs) == 0:
         return 0
     best = int(np.argmax(runs))
@@ -156,7 +149,7 @@ def _verify(s: _Seq, draft: np.ndarray) -> int:
     """Check `draft` against the stream, advance by accepted + 1; return accepted."""
     at = s.n_hist - len(s.prompt)
     truth = s.generated[at + 1:at + 2 + len(draft)]
-    n_acc = _matched(draft, truth)
+    n_acc = common_prefix(draft, truth)
     if len(draft):
         s.drafts, s.drafted, s.accepted = s.drafts + 1, s.drafted + len(draft), s.accepted + n_acc
     s.sp.settle([int(t) for t in truth[:n_acc + 1]], n_acc)

@@ -53,7 +53,7 @@ from ..spec import planner
 from ..settings.config import SpecConfig
 from ..spec.cost import Calibration, Shape
 from ..spec.draft_model import DraftModelDrafter
-from ..spec.drafters import as_tokens
+from ..spec.drafters import as_tokens, common_prefix
 from ..spec.drafters.chains import Chains
 from ..spec.drafters.prediction import PredictionDrafter
 from ..errors import ConfigError, NgramSpecError
@@ -155,12 +155,6 @@ class SlotCache:
     tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     reusable: int = 0  # leading tokens reusable as prompt, all evaluated on one path:
     tiled: bool = True  # the tiled prefill (True) or the small-row path (False)
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    neq = np.flatnonzero(a[:n] != b[:n])
-    return int(neq[0]) if len(neq) else n
 
 
 class Engine:

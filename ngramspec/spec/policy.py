@@ -29,6 +29,7 @@ import numpy as np
 
 from .cost import MAX_DRAFT, AcceptanceStats, CostTracker, DecodeCost, Shape
 from .draft_trust import DraftTrust
+from .drafters import common_prefix
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
 SEQ_PRIOR_WEIGHT = 0.3  # a new sequence starts from the drafter's global stats, scaled down
@@ -164,9 +165,7 @@ class CostPolicy:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d.name, sp.committed[1], n_accepted)
                 continue
-            n = min(len(dr), len(em))
-            neq = np.flatnonzero(dr[:n] != em[:n])
-            m = int(neq[0]) if len(neq) else n
+            n, m = min(len(dr), len(em)), common_prefix(dr, em)
             if m < n:  # a miss at m: positions 0..m seen, m accepted
                 self._update(sp, d.name, len(dr), m)
             elif m > 0:  # all known tokens matched: censored at m

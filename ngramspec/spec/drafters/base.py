@@ -1,4 +1,5 @@
-"""The `Drafter` protocol every speculation method implements, and token coercion.
+"""The `Drafter` protocol every speculation method implements, token coercion, and how
+far a draft agrees with what was emitted (`common_prefix`).
 
 A drafter serves many sequences at once (one per server slot), keyed by `seq_id`:
 
@@ -35,6 +36,14 @@ class Drafter(Protocol):
     def accept(self, seq_id: int, n_accepted: int) -> None: ...
 
     def end(self, seq_id: int) -> None: ...
+
+
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+    """How many leading tokens `a` and `b` share (a draft's accepted run against the
+    tokens emitted; a cached prompt's reusable prefix)."""
+    n = min(len(a), len(b))
+    neq = np.flatnonzero(a[:n] != b[:n])
+    return int(neq[0]) if len(neq) else n
 
 
 def as_tokens(tokens: Iterable[int] | np.ndarray, what: str = "tokens") -> np.ndarray:
