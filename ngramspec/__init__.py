@@ -5,6 +5,11 @@ import os as _os
 # reads this once per process at the first matmul, so it is set as early as
 # possible: importing ngramspec before llama.cpp evaluates anything is enough.
 _os.environ.setdefault("GGML_CPU_TILED_MM", "0")
+# llama.cpp's library is mapped before numpy or any other extension module: a CUDA build
+# crashes at model load otherwise (llama/library.py). Keep this the first import.
+from .llama import library as _library
+
+_library.load_first()
 from .settings.config import (
     SPEC_TYPES,
     NgramMapParams,

@@ -36,6 +36,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from ..errors import NgramSpecError
+from ..llama import library
 from .records import BadRecord, Record
 from .results import BatchResult
 from .runner import EngineRunner
@@ -87,7 +88,9 @@ class RayPool:
         self.chunk_size = chunk_size or load["settings"].n_seq
         self.threads = load["settings"].threads
         cls = ray.remote(num_cpus=self.threads or 1, max_concurrency=CHUNKS_IN_FLIGHT)(BatchWorker)
-        self.actors = [cls.options(scheduling_strategy="SPREAD").remote(load)
+        # llama.cpp's library mapped before the worker's own numpy (library.preload_env)
+        env = {"env_vars": library.preload_env()}
+        self.actors = [cls.options(scheduling_strategy="SPREAD", runtime_env=env).remote(load)
                        for _ in range(self.n_actors)]
         try:  # every engine loaded before the job's clock starts
             self.where()
