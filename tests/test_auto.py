@@ -126,9 +126,9 @@ def test_cost_policy_keeps_copy_and_fresh_statistics_apart():
         _observe(policy, sp, d, 30, 30, copying=True)   # a copy goes on
         _observe(policy, sp, d, 30, 1, copying=False)   # a fresh match breaks at 1
     sp.copying = True
-    e_copy = policy.stats(sp, d.name).expected_tokens()
+    e_copy = policy.stats(sp, d).expected_tokens()
     sp.copying = False
-    e_fresh = policy.stats(sp, d.name).expected_tokens()
+    e_fresh = policy.stats(sp, d).expected_tokens()
     assert e_copy[30] > 25 and e_fresh[30] < 3
     table = CPU_CURVE.table(30)
     k_copy, k_fresh = np.argmax(e_copy[:31] / table), np.argmax(e_fresh[:31] / table)
@@ -152,6 +152,6 @@ def test_first_copy_state_starts_from_what_the_sequence_learnt_fresh():
     for _ in range(3):
         _observe(policy, sp, d, 20, 20, copying=False)
     sp.copying = False
-    fresh = policy.stats(sp, d.name).expected_tokens()
+    fresh = policy.stats(sp, d).expected_tokens()
     sp.copying = True
-    assert np.allclose(policy.stats(sp, d.name).expected_tokens(), fresh)
+    assert np.allclose(policy.stats(sp, d).expected_tokens(), fresh)

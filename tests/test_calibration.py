@@ -27,8 +27,8 @@ def _load(threads):
 
 def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkeypatch):
     """First start: nothing measured (the default curve); the curve the run learns is
-    cached after CostPolicy.SAVE_AFTER decodes; later starts reuse it and never rewrite
-    it."""
+    cached after CostPolicy.SAVE_AFTER decodes, once it has seen verifies (a repeating
+    text: drafts from the start); later starts reuse it and never rewrite it."""
     from ngramspec.spec.cost import cache_path
     from ngramspec.engine.generate import generate
     from ngramspec.engine.sampling import SamplingParams
@@ -36,12 +36,13 @@ def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkey
     from ngramspec.spec.policy import CostPolicy
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 24)  # a short generation is enough here
+    monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 8)  # a short generation is enough here
     engine = _load(threads)
     assert engine.calibration.source == "default" and engine.calibration.seconds < 0.1
     assert not cache_path().exists()
-    generate(engine, OPEN, SamplingParams(temperature=0), n_predict=200)
+    generate(engine, REPEAT, SamplingParams(temperature=0), n_predict=400)
     assert engine.policy.tracker.n_observed >= engine.policy.SAVE_AFTER
+    assert engine.policy.tracker.slope_seen()
     written = cache_path().read_bytes()
     for _ in range(2):
         again = _load(threads).calibration
@@ -61,10 +62,11 @@ def test_a_slower_machine_is_picked_up_within_a_run(threads):
     engine = _load(threads)
     real, took = engine.ctx.decode, []
 
-    def slow(entries, *a, **kw):
+    def slow(entries, *a, **kw):  # the device's compute takes 8 ms longer
         t0 = time.perf_counter()
         rows = real(entries, *a, **kw)
         time.sleep(0.008)
+        engine.ctx.compute_s += 0.008
         took.append(time.perf_counter() - t0)
         return rows
 
@@ -86,3 +88,19 @@ def test_generate_reports_the_calibration_time(threads):
     cal = json.loads(run("--json").stdout)["calibration"]
     assert cal["source"] in ("default", "cache") and 0 <= cal["seconds"] < 0.1
     assert "decode-cost calibration:" in run().stderr
+
+
+def test_a_curve_that_never_saw_a_verify_is_not_cached(threads, tmp_path, monkeypatch):
+    """An open prompt at SAVE_AFTER decodes whose tracker has seen no multi-row verify
+    (probes are budgeted, so few): the scaled prior's guess is not written to the cache."""
+    from ngramspec.engine.generate import generate
+    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.spec.cost import cache_path
+    from ngramspec.spec.policy import CostPolicy
+
+    monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 24)
+    engine = _load(threads)
+    generate(engine, OPEN, SamplingParams(temperature=0), n_predict=60)
+    assert engine.policy.tracker.n_observed >= 24
+    assert cache_path().exists() == engine.policy.tracker.slope_seen()

@@ -197,7 +197,8 @@ def test_cached_curve_from_a_busy_machine_is_corrected_within_a_few_decodes(tmp_
     """A curve recorded under heavy load (~3x slow): the run's first decodes correct it
     (the first refits come after CostTracker.FIRST_REFITS decodes); nothing is measured
     at start-up and the cache is not rewritten."""
-    from ngramspec.spec.cost import CostTracker, load_or_calibrate
+    from ngramspec.spec.cost import load_or_calibrate
+    from ngramspec.spec.tracker import CostTracker
 
     _cache_curve(tmp_path, monkeypatch, DecodeCost(0.05, 0.004, 0.004, **LAYOUT))
     before = _cache_bytes(tmp_path)
@@ -214,7 +215,7 @@ def test_cached_curve_wrong_for_one_token_decodes_is_corrected():
     """A model whose 8- and 32-token predictions are close but whose 1-token decode (the
     most frequent one) is 40% too slow is corrected by the run's first decodes (found in
     a run: a curve calibrated while the machine was busy predicted 21.7 ms for 14.4)."""
-    from ngramspec.spec.cost import CostTracker
+    from ngramspec.spec.tracker import CostTracker
 
     true = DecodeCost(0.012, 0.001, 0.006)
     stale = DecodeCost(0.012 + 0.009, 0.001, 0.0055, **LAYOUT)  # +40% at 1 token
@@ -229,7 +230,8 @@ def test_noisy_starts_never_measure_or_rewrite(tmp_path, monkeypatch):
     """Ten start-ups on a noisy machine (every decode up to 60% slower at random): none
     measures anything, the cache is never rewritten, and each run's curve still
     follows its decodes."""
-    from ngramspec.spec.cost import CostTracker, load_or_calibrate
+    from ngramspec.spec.cost import load_or_calibrate
+    from ngramspec.spec.tracker import CostTracker
 
     true = DecodeCost(0.012, 0.001, 0.006, **LAYOUT)
     _cache_curve(tmp_path, monkeypatch, true)
@@ -248,7 +250,8 @@ def test_tracker_picks_up_a_changed_machine_within_a_run():
     """The run's decodes refine the curve: after the machine's per-token cost doubles
     (a neighbour takes a core), the tracker's t(K) follows within 64 decodes, and the
     planner picks shorter drafts for the same acceptance statistics."""
-    from ngramspec.spec.cost import CostTracker, Shape
+    from ngramspec.spec.cost import Shape
+    from ngramspec.spec.tracker import CostTracker
     from ngramspec.spec.planner import plan
     from ngramspec.spec.speculation import DraftOptions
 
@@ -274,10 +277,55 @@ def test_tracker_picks_up_a_changed_machine_within_a_run():
 
 def test_tracker_keeps_the_prior_where_the_run_shows_nothing():
     """Only 1-token decodes observed: the per-token cost of long drafts stays the prior's."""
-    from ngramspec.spec.cost import CostTracker, Shape
+    from ngramspec.spec.cost import Shape
+    from ngramspec.spec.tracker import CostTracker
 
     prior = DecodeCost(0.012, 0.001, 0.006)
     tr = CostTracker(prior)
     for _ in range(64):
         tr.observe([Shape(0, 1, 1)], prior.t(1))
     assert tr.current.t(32) == pytest.approx(prior.t(32), rel=0.05)
+
+
+def test_prior_is_scaled_to_a_faster_backend_from_one_token_decodes():
+    """A backend ten times faster than the prior's machine that only ever shows one-token
+    decodes: the tracker keeps the prior's shape at a tenth of its price (verifies priced
+    at the prior's constants would look ten times too dear, and never be tried)."""
+    from ngramspec.spec.cost import DEFAULT_COEF, Shape
+    from ngramspec.spec.tracker import CostTracker
+
+    prior = DecodeCost(**DEFAULT_COEF, **LAYOUT)
+    tr = CostTracker(prior)
+    for i in range(40):
+        tr.observe([Shape(0, 1, 1, 200 + i)], prior.t(1, 200 + i) / 10)
+    assert tr.scale == pytest.approx(0.1, rel=0.02)
+    for n in (1, 4, 16):
+        assert tr.current.t(n, 300) == pytest.approx(prior.t(n, 300) / 10, rel=0.05), n
+    assert not tr.slope_seen()
+
+
+def test_slope_is_seen_after_enough_verifies_and_forgotten_after_the_window():
+    from ngramspec.spec.cost import Shape
+    from ngramspec.spec.tracker import CostTracker
+
+    true = DecodeCost(0.012, 0.001, 0.006)
+    tr = CostTracker(true)
+    for _ in range(CostTracker.SLOPE_SAMPLES):
+        tr.observe([Shape(0, 4, 4)], true.t(4))
+    assert tr.slope_seen()
+    for _ in range(CostTracker.WINDOW):
+        tr.observe([Shape(0, 1, 1)], true.t(1))
+    assert not tr.slope_seen()
+
+
+def test_refit_follows_a_changed_machine_incrementally():
+    """The incremental fit (normal equations, decayed) gives what a fit of the recent
+    decodes gives: after 200 decodes on a new machine, t(K) is that machine's."""
+    from ngramspec.spec.tracker import CostTracker
+
+    tr = CostTracker(DecodeCost(0.012, 0.001, 0.006))
+    true = DecodeCost(0.004, 0.0002, 0.0009)
+    _run_decodes(tr, DecodeCost(0.012, 0.001, 0.006), 64, np.random.default_rng(2))
+    _run_decodes(tr, true, 200, np.random.default_rng(3))
+    for n in (1, 2, 8, 32):
+        assert tr.current.t(n, 300) == pytest.approx(true.t(n, 300), rel=0.1), n

@@ -131,3 +131,44 @@ def test_clairvoyant_replay_verifies_exactly_the_accepted_runs():
             assert res.accepted == res.drafted  # nothing rejected
             assert res.steps + res.accepted == len(gen) - 1
             assert speedup >= runs[False][1]
+
+
+def test_one_sequence_closed_form_equals_the_length_search():
+    """A decode of one sequence is solved from the model's per-length table
+    (`planner._alone`); it picks what trying every length picks (`_ascend`), at any
+    cache size and trust, on padded and unpadded layouts."""
+    from ngramspec.spec.planner import _ascend
+
+    rng = np.random.default_rng(3)
+    for cost in (CPU4, DecodeCost(0.0016, 0.0002, 0.00035, per_kv=0.0003, per_multi=0.0009),
+                 DecodeCost(0.0006, 0.00001, 0.00001, pad=False)):
+        for _ in range(40):
+            o = opts(float(rng.uniform(0.05, 1.0)), int(rng.integers(1, 64)))
+            sh = Shape(0, 1, 1, int(rng.integers(0, 3000)))
+            cap, trust = int(rng.integers(1, 63)), float(rng.uniform(0.6, 1.0))
+            want = _ascend([o], [sh], cost, [min(o.k_max, cap)], cap, trust)
+            assert plan([o], [sh], cost, cap + 1, cap + 1, trust) == want
+
+
+def test_bound_declines_without_pricing_and_never_wrongly():
+    """(E[1] - 1) * t(1) <= the least per-token slope: no length can beat plain
+    decoding, so the planner returns 0 before pricing; wherever it returns 0, so does
+    the full search."""
+    from ngramspec.spec.planner import _ascend
+
+    steep = DecodeCost(0.0016, 0.0016, 0.0016, pad=False)  # a verified token: 2/3 of a decode
+    sec, tok, slope = steep.alone()
+    assert abs(slope - 0.0032) < 1e-12
+    weak = opts(0.3)
+    assert (weak.expected[1] - 1) * sec[0] <= slope
+    assert plan([weak], [Shape(0, 1, 1)], steep, 63, 63) == [0]
+    assert _ascend([weak], [Shape(0, 1, 1)], steep, [48], 62, 1.0) == [0]
+    assert plan([opts(1.0)], [Shape(0, 1, 1)], DecodeCost(0.0016, 0.00005, 0.00005), 63, 63)[0] > 0
+
+
+def test_pricing_is_remembered_per_model_and_equals_seconds():
+    """`DecodeCost.price` (the search's inner loop) gives `seconds` for any decode."""
+    shapes = [Shape(0, 5, 5, 700), Shape(1, 1, 1, 20), Shape(3, 9, 9, 3000)]
+    entries = tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes)
+    for _ in range(2):  # the second call reads the memo
+        assert abs(CPU4.price(entries, [s.n_kv for s in shapes]) - CPU4.seconds(shapes)) < 1e-12

@@ -103,13 +103,17 @@ def test_timings_usage_and_summary_count_the_prediction():
     assert "prediction_n_accepted" not in timings(10, 5.0, 20, 100.0, draft_n=3)
 
     class R:  # a GenerationResponse's fields that usage reads
-        def __init__(self, prediction):
+        def __init__(self, prediction, unused=None):
             self.prompt_tokens, self.generation_tokens, self.cache_n = 10, 20, 0
-            self.prediction = prediction
+            self.prediction, self.prediction_unused = prediction, unused
 
     u = usage([R((10, 8)), R((4, 1))], n=2)
     assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 9,
                                               "rejected_prediction_tokens": 5}
+    # OpenAI's meaning, from a final response: the prediction's tokens not in the output
+    u = usage([R((0, 0), unused=30), R((10, 8), unused=2)], n=2)
+    assert u["completion_tokens_details"] == {"accepted_prediction_tokens": 8,
+                                              "rejected_prediction_tokens": 32}
     assert "completion_tokens_details" not in usage([R(None)])
     tally = Tally(total=2)
     tally.add(BatchResult("a", 1, 0, "x", "length", t, 2.0))
@@ -241,3 +245,17 @@ def test_the_command_drafts_from_previous_and_reports_it(tmp_path):
     t = b["acct"]["timings"]  # spec types off: every drafted token is the prediction's
     assert t["prediction_n_accepted"] == t["draft_n_accepted"] > 0
     assert t["prediction_n_accepted"] + t["prediction_n_rejected"] == t["draft_n"]
+
+
+def test_unused_prediction_tokens_are_those_not_in_the_completion():
+    """OpenAI's rejected_prediction_tokens: a prediction never drafted from still counts
+    the tokens the completion does not repeat."""
+    import numpy as np
+
+    from ngramspec.spec.drafters.prediction import unused_tokens
+
+    pred = np.arange(100, 120, dtype=np.int32)
+    assert unused_tokens(pred, list(range(100, 120))) == 0
+    assert unused_tokens(pred, [1, 2, 3]) == 20  # nothing of it in the output
+    assert unused_tokens(pred, [*range(100, 110), 7, 8, *range(112, 120)]) == 2  # an edit
+

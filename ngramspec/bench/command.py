@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -19,6 +19,7 @@ import numpy as np
 from rich.table import Table
 
 from ..console import out_console
+from ..errors import ConfigError
 from ..settings.config import SPEC_TYPES, SpecConfig, uses_draft_model
 from ..engine.engine import Engine
 from ..engine.generate import generate
@@ -40,6 +41,9 @@ class ModeResult:
     accepted: int = 0
     drafter_s: float = 0.0
     wall_s: float = 0.0
+    host_s: float = 0.0  # generation steps' wall time outside their decodes' compute
+    proposed: int = 0  # drafts proposed, verified or not
+    declined: int = 0  # of them, not verified
     exact: bool = True
 
     @property
@@ -53,6 +57,10 @@ class ModeResult:
     @property
     def tokens_per_step(self) -> float:
         return tokens_per_step(self.tokens - len(self.tok_per_s), self.steps)
+
+    @property
+    def host_per_step_us(self) -> float:
+        return self.host_s / self.steps * 1e6 if self.steps else 0.0
 
     @property
     def drafter_share(self) -> float:
@@ -99,6 +107,10 @@ def run_workload(make_engine: Callable[[SpecConfig, object, bool], Engine], work
             res.accepted += f.draft_n_accepted
             res.drafter_s += _drafter_seconds(engine)
             res.wall_s += wall
+            res.host_s += engine.host_s
+            for st in engine.stats().values():
+                res.proposed += st.n_prop_drafts
+                res.declined += st.n_declined
             if mode == "off" and truth is None:
                 truth = out.tokens
                 prompt_tokens = engine.model.tokenize(work.prompt)
@@ -118,7 +130,21 @@ def _engine_for(make_engine, mode: str, spec: SpecConfig, truth, prompt_tokens) 
         full = np.concatenate([prompt_tokens, np.asarray(truth, dtype=np.int32)])
         return make_engine(SpecConfig(types=(), draft_max=spec.draft_max, policy=spec.policy),
                            OracleDrafter(full), False)
-    return make_engine(spec.with_types(mode), None, uses_draft_model(mode))
+    types, policy = split_mode(mode)
+    cfg = spec.with_types(types)
+    if policy is not None:
+        cfg = replace(cfg, policy=policy)
+    return make_engine(cfg, None, uses_draft_model(types))
+
+
+def split_mode(mode: str) -> tuple[str, str | None]:
+    """A bench mode `TYPES[:POLICY]` as (spec types, draft policy or None for
+    --draft-policy's): `ngram-mod:fixed` runs llama.cpp's lengths beside a cost-policy
+    `auto` in one run."""
+    types, _, policy = mode.partition(":")
+    if policy and policy not in ("cost", "fixed"):
+        raise ConfigError(f"bench mode {mode!r}: the policy after ':' is cost or fixed")
+    return types, policy or None
 
 
 def run_peer(binary: str, model_path: str, work: Workload, spec_types: Sequence[str],
@@ -152,7 +178,8 @@ def to_json(all_results: dict[str, dict[str, ModeResult]], meta: dict,
         out["workloads"][w] = {m: {**asdict(r), "median_tok_per_s": r.median_tps,
                                    "speedup": sp[m], "acceptance_rate": r.acceptance_rate,
                                    "tokens_per_step": r.tokens_per_step,
-                                   "drafter_share": r.drafter_share}
+                                   "drafter_share": r.drafter_share,
+                                   "host_per_step_us": r.host_per_step_us}
                                for m, r in res.items()}
     return json.dumps(out, indent=2)
 
@@ -187,7 +214,8 @@ def print_bench(name, res, n_predict, reps, peer=None) -> None:
     """The bench's table of one workload: every mode against spec-off (and llama-server)."""
     sp = speedups(res)
     t = Table(title=f"bench: {name} (greedy, {n_predict} tokens, median of {reps})")
-    cols = ["mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share", "exact"]
+    cols = ["mode", "tok/s", "speedup", "accept rate", "tokens/step", "drafter share",
+            "host/step", "proposed/declined", "exact"]
     if peer:
         cols += ["llama-server tok/s", "ours / llama-server"]
     for col in cols:
@@ -196,12 +224,18 @@ def print_bench(name, res, n_predict, reps, peer=None) -> None:
         row = [mode, f"{r.median_tps:.1f}", f"{sp[mode]:.2f}x",
                f"{r.acceptance_rate:.1%}" if r.drafted else "-",
                f"{r.tokens_per_step:.2f}", f"{r.drafter_share:.1%}",
+               f"{r.host_per_step_us:.0f} us", f"{r.proposed}/{r.declined}" if r.proposed else "-",
                "yes" if r.exact else "NO"]
         if peer:
             p = peer.get(mode)
             row += [f"{p:.1f}" if p else "-", f"{r.median_tps / p:.2f}x" if p else "-"]
         t.add_row(*row)
     out_console.print(t)
+    others = {m: r.median_tps for m, r in res.items() if m not in ("auto", "oracle")}
+    if "auto" in res and others:
+        best = max(others, key=others.get)
+        out_console.print(f"auto vs the best other mode ({best}, {others[best]:.1f} tok/s): "
+                          f"{res['auto'].median_tps / others[best]:.2f}x")
     if peer and "auto" in res:
         best = max((v, k) for k, v in peer.items() if k != "off")
         out_console.print(f"auto vs llama-server's best ngram type ({best[1]}, {best[0]:.1f} tok/s):"

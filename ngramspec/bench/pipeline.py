@@ -217,7 +217,8 @@ def drafter_counts(url: str, headers: dict | None = None) -> dict[str, list[int]
     r = httpx.get(url + "/metrics", timeout=30, headers=headers)
     if r.status_code != 200:
         return {}
-    index = {PREFIX + name: i for i, (name, _, _) in enumerate(DRAFTER_COUNTERS)}
+    want = ("n_gen_drafts", "n_gen_tokens", "n_acc_tokens")
+    index = {PREFIX + name: want.index(key) for name, _, key in DRAFTER_COUNTERS if key in want}
     out: dict[str, list[int]] = {}
     for line in r.text.splitlines():
         name, _, rest = line.partition('{drafter="')

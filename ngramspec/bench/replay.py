@@ -21,7 +21,6 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 from rich.table import Table
 
-from ..spec import planner
 from ..settings.config import SPEC_TYPES, SpecConfig
 from ..spec.cost import Shape
 from ..spec.drafters import DrafterChain, as_tokens, common_prefix
@@ -141,8 +140,7 @@ def _lengths(active: list, opts: list, policy, per_seq: int, total: int,
     """Each running sequence's draft length this step: the planner's, or the clairvoyant's."""
     if clairvoyant:
         return [_clairvoyant(s, o) for (_, s), o in zip(active, opts)]
-    return planner.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active],
-                        getattr(policy, "cost", None), per_seq, total)
+    return policy.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active], per_seq, total)
 
 
 def _verify(s: _Seq, draft: np.ndarray) -> int:

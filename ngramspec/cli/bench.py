@@ -70,7 +70,8 @@ def bench(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracl
     if verbose:
         ctx.obj["verbose"] = True
     mode_types = [t.strip() for t in kw.pop("spec_type").split(",") if t.strip()]
-    for t in mode_types:
+    for mode in mode_types:
+        t = B.split_mode(mode)[0]  # TYPES[:POLICY]
         parse_spec_types(t)  # each mode is validated on its own
         check_draft_model(t, kw["model_draft"] is not None)
     spec = flag_values.spec_from_values(kw, kw["model_draft"])
@@ -83,7 +84,8 @@ def bench(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracl
     with err_console.status("loading model ..."):
         base = load_engine(settings, notify=lambda line: err_console.print(line))
     m, cost, threads = base.model, base.policy.cost, base.ctx.params.n_threads
-    peer_types = [t for t in mode_types if t in B.SPEC_TYPES] if llama_server else []
+    peer_types = ([t for t in dict.fromkeys(B.split_mode(m)[0] for m in mode_types)
+                   if t in B.SPEC_TYPES] if llama_server else [])
     all_results, peers = _bench_runs(B, base, works, modes, spec, n_predict, reps,
                                      llama_server, peer_types, settings.n_ctx)
     for name, res in all_results.items():

@@ -49,20 +49,19 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..spec import planner
 from ..settings.config import SpecConfig
 from ..spec.cost import Calibration, Shape
 from ..spec.draft_model import DraftModelDrafter
 from ..spec.drafters import as_tokens, common_prefix
 from ..spec.drafters.chains import Chains
-from ..spec.drafters.prediction import PredictionDrafter
+from ..spec.drafters.prediction import PredictionDrafter, unused_tokens
 from ..errors import ConfigError, NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context
 from ..llama.model import ContextOverflow, Model
 from ..spec.policy import DraftPolicy, FixedPolicy
 from ..spec.pool import HashPool
 from .sampling import Sampler, SamplingParams
-from ..spec.speculation import Speculation
+from ..spec.speculation import NO_OPTIONS, Speculation
 from ..spec.stats import DrafterStats
 from .synth import SynthAcceptance
 
@@ -106,6 +105,7 @@ class SeqState:
     n_shifted: int = 0  # tokens dropped by context shifts so far
     n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
     synth: SynthAcceptance | None = None  # synthetic acceptance (benchmarking), else None
+    host_s: float = 0.0  # wall time of its generation steps outside the decodes' compute
 
     @property
     def done(self) -> bool:
@@ -134,6 +134,17 @@ class SeqState:
         if self.spec is None or not self.spec.own:
             return None
         return self.spec.own_n, self.spec.own_n_accepted
+
+    def prediction_unused(self) -> int | None:
+        """The request's prediction tokens that do not appear in its completion so far
+        (`prediction.unused_tokens`; OpenAI's rejected_prediction_tokens); None without
+        a prediction. The completion is read from the history (after a context shift,
+        what the slot still holds of it)."""
+        if self.spec is None or not self.spec.own:
+            return None
+        at = min(self.n_prompt, self.n_hist)
+        done = self.tokens[at:self.n_hist].tolist() + [self.sampled]
+        return unused_tokens(self.spec.own[0].pred, done[:self.n_generated])
 
 
 @dataclass
@@ -177,6 +188,8 @@ class Engine:
         self.cache: dict[int, SlotCache] = {}
         self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
         self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
+        self.host_s = 0.0  # generation steps' wall time outside their decodes' compute
+        self.n_steps = 0  # generation steps (decodes) made
 
     # ------------------------------------------------------------ admission
     def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
@@ -344,6 +357,7 @@ class Engine:
         """One verify step for every generating sequence in `seqs`, in ONE llama_decode.
         The decode takes the sequences in ascending seq id whatever the order of `seqs`
         (llama.cpp forms fewer ubatches from runs of consecutive ids: ubatch.py)."""
+        t0 = time.perf_counter()
         active = sorted((s for s in seqs if not s.done and not s.prefilling),
                         key=lambda s: s.seq_id)
         for st in active:
@@ -354,27 +368,32 @@ class Engine:
             room = self._room(st) if st.spec is not None else 0
             room = min(room, st.synth.n_max) if st.synth is not None else room
             opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
-                        else planner.DraftOptions())
+                        else NO_OPTIONS)
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
-        ks = planner.plan(opts, base, getattr(self.policy, "cost", None), *self._limits(),
-                          trust=self.policy.trust(len(base)))
+        ks = self.policy.plan(opts, base, *self._limits())
         drafts = [st.spec.commit(k) if st.spec is not None else np.zeros(0, np.int32)
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
         rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active))
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
+        if active:
+            host = time.perf_counter() - t0 - self.ctx.compute_s
+            self.host_s += host
+            self.n_steps += 1
+            for st in active:
+                st.host_s += host
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
 
     def _timed_decode(self, entries: list, argmax_only: bool = False) -> list[list[int]]:
-        """ctx.decode of a generation step; its time and shape go to the policy, whose
-        cost model learns from every step (policy.observe_decode)."""
+        """ctx.decode of a generation step; its compute time (until the device finished,
+        `Context.compute_s`) and shape go to the policy, whose cost model learns from
+        every step (policy.observe_decode)."""
         if not entries:
             return []
-        t0 = time.perf_counter()
         rows = self.ctx.decode(entries, argmax_only)
-        dt = time.perf_counter() - t0
-        self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries], dt)
+        self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries],
+                                   self.ctx.compute_s)
         return rows
 
     def _checked_verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:

@@ -55,6 +55,8 @@ class GenerationResponse:
     truncated: bool = False  # stopped because the slot's context is full, or shifted
     probs: list[TokenOutput] = field(default_factory=list)  # per emitted token, when n_probs > 0
     prediction: tuple[int, int] | None = None  # (drafted, accepted) of the request's prediction
+    host_ms: float = 0.0  # its steps' wall time outside the decodes' compute (Engine.step)
+    prediction_unused: int | None = None  # the final response: prediction tokens not in the output
 
     @property
     def final(self) -> bool:
@@ -79,7 +81,7 @@ class GenerationResponse:
         """llama.cpp's `timings` object."""
         return timings(self.prompt_tokens - self.cache_n, self.prompt_ms, self.generation_tokens,
                        self.predicted_ms, self.draft_n, self.draft_n_accepted, self.cache_n,
-                       self.prediction)
+                       self.prediction, self.host_ms, self.steps)
 
 
 class TextStream:
@@ -162,7 +164,8 @@ class Generation:
             draft_n_accepted=st.draft_n_accepted, steps=st.steps, speculative=st.speculative,
             slot_id=st.seq_id, stop_type=stop_type, stopping_word=word,
             truncated=(finish == "length" and self.truncate_at_length) or st.n_shifted > 0,
-            probs=probs, prediction=st.prediction)
+            probs=probs, prediction=st.prediction, host_ms=st.host_s * 1e3,
+            prediction_unused=st.prediction_unused() if finish is not None else None)
 
     def _push_each(self, tokens: list[int], final: bool) -> list[str]:
         """Each token's text, stopping after the token that completes a stop string."""

@@ -18,6 +18,7 @@ Invariants:
 from __future__ import annotations
 
 import platform
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -141,6 +142,15 @@ def fill_batch(b, entries, pads: dict[int, int], pad_logits: dict[int, int]):
     return rows, out
 
 
+def _fill_head(ctx: "Context", entries, pads: dict[int, int], rows: list[list[int]],
+               out: list[bool], argmax_only: bool) -> None:
+    """After an armed decode: our output layer's rows (Hook.fill), in llama.cpp's order."""
+    lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
+    order = own_head.output_order(lengths, out, ctx.n_ubatch, ctx.per_seq_streams)
+    ctx.head.fill(ctx, order, {j for r in rows for j in r}, ctx.batch.pos,
+                  logits=not argmax_only)
+
+
 def check_chunk(tokens: Sequence[int], limit: int) -> int:
     """The length of a prompt chunk, or ValueError unless it holds 1..limit tokens."""
     n = len(tokens)
@@ -154,6 +164,7 @@ class Context(FreedOnCollect):
 
     twin = None  # a TwinnedContext's prefill twin
     prompts_in_twin = False  # True in a TwinnedContext (the SWA cache's size, rule W)
+    compute_s = 0.0  #: the last run_rows' llama_decode + llama_synchronize + our output layer
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
         lc = _llama()
@@ -272,20 +283,20 @@ class Context(FreedOnCollect):
         if self.swa_span is not None:
             for seq_id, tokens, pos0, _ in entries:
                 seq_cells.keep_window_ordered(self, seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
-        rc = _llama().llama_decode(self.ptr, self.batch)
+        lc, t0 = _llama(), time.perf_counter()
+        rc = lc.llama_decode(self.ptr, self.batch)
         try:
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} (batch of {len(out)} tokens)")
+            lc.llama_synchronize(self.ptr)  # a device returns before it has finished
             self.kernels.check()
         except BaseException:
             if armed:
                 self.head.disarm()
             raise
         if armed:  # our output layer: the rows' argmaxes, and logits into llama.cpp's buffer
-            lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
-            order = own_head.output_order(lengths, out, self.n_ubatch, self.per_seq_streams)
-            self.head.fill(self, order, {j for r in rows for j in r}, self.batch.pos,
-                           logits=not argmax_only)
+            _fill_head(self, entries, pads, rows, out, argmax_only)
+        self.compute_s = time.perf_counter() - t0
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))

@@ -107,6 +107,7 @@ class Model(FreedOnCollect):
         _quiet_logs(verbose)
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers  # -ngl; negative: all (a CPU build has no GPU)
+        self.n_gpu_layers = n_gpu_layers
         params.load_mode = load_mode  # llama_load_mode: -1 auto, 0 none, 1 mmap, 2 mlock, ...
         # repacked weights use a gemm kernel for groups of 4 columns and gemv for the
         # rest: a token's logits would depend on its place in the batch
@@ -161,7 +162,17 @@ class Model(FreedOnCollect):
         return eog
 
     def is_eog(self, token: int) -> bool:
-        return bool(self._eog[token])
+        """Whether `token` ends generation: asked of llama.cpp once per token id (a step
+        asks for the few tokens it emits; the whole table costs a start ~0.1 ms per 1k
+        vocabulary entries, `eog_tokens`)."""
+        hit = self._eog_seen.get(token)
+        if hit is None:
+            hit = self._eog_seen[token] = bool(_llama().llama_vocab_is_eog(self.vocab, token))
+        return hit
+
+    @cached_property
+    def _eog_seen(self) -> dict[int, bool]:
+        return {}
 
     def eog_tokens(self) -> list[int]:
         """Every end-of-generation token id, ascending."""

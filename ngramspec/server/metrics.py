@@ -78,8 +78,12 @@ def render(sched, engine) -> str:
 
 #: per-drafter counter families: (name, help, DrafterStats field)
 DRAFTER_COUNTERS = (
-    ("spec_drafter_drafts_total", "Drafts this drafter proposed", "n_gen_drafts"),
-    ("spec_drafter_draft_tokens_total", "Draft tokens this drafter proposed", "n_gen_tokens"),
+    ("spec_drafter_proposed_drafts_total", "Drafts this drafter proposed (verified or not)",
+     "n_prop_drafts"),
+    ("spec_drafter_declined_drafts_total", "Of them, drafts the policy did not verify",
+     "n_declined"),
+    ("spec_drafter_drafts_total", "Drafts of this drafter verified", "n_gen_drafts"),
+    ("spec_drafter_draft_tokens_total", "Draft tokens of this drafter verified", "n_gen_tokens"),
     ("spec_drafter_accepted_tokens_total", "Of them, tokens the target model accepted",
      "n_acc_tokens"),
 )

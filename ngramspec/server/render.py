@@ -89,11 +89,14 @@ def usage(results: list[GenerationResponse], n: int = 1) -> dict:
     out = {"completion_tokens": completion, "prompt_tokens": prompt,
            "total_tokens": prompt + completion,
            "prompt_tokens_details": {"cached_tokens": sum(r.cache_n for r in firsts)}}
-    preds = [r.prediction for r in results if r.prediction is not None]
-    if preds:  # OpenAI's predicted outputs: the prediction's drafted tokens, verified
+    preds = [r for r in results if r.prediction is not None]
+    if preds:  # OpenAI's predicted outputs: the prediction's tokens accepted as drafts, and
+        # those that do not appear in the completion (drafted or not: OpenAI's meaning)
         out["completion_tokens_details"] = {
-            "accepted_prediction_tokens": sum(a for _, a in preds),
-            "rejected_prediction_tokens": sum(n - a for n, a in preds)}
+            "accepted_prediction_tokens": sum(r.prediction[1] for r in preds),
+            "rejected_prediction_tokens": sum(
+                r.prediction_unused if r.prediction_unused is not None
+                else r.prediction[0] - r.prediction[1] for r in preds)}
     return out
 
 

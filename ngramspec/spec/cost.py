@@ -59,13 +59,28 @@ class Shape:
 
 
 @functools.lru_cache(maxsize=16384)
-def _layout(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: bool, quantum: int,
-            lone_ok: bool) -> ubatch.Layout:
-    """`ubatch.layout` of a decode's (seq_id, n_tokens, n_logits) entries, remembered: the
-    planner prices the same few shapes thousands of times a run (a layout does not
-    depend on the cells, and no caller changes one)."""
-    return ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
-                         lone_ok=lone_ok)
+def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: bool,
+                    quantum: int, lone_ok: bool) -> tuple[np.ndarray, tuple[int, ...]]:
+    """(the features of a decode of `entries` = ((seq_id, n_tokens, n_logits), ...) with
+    the KV term 0, each entry's tokens with its padding), laid out by `ubatch.layout`,
+    remembered: the planner prices the same few shapes thousands of times a run (a
+    layout does not depend on the cells or the coefficients). Read-only."""
+    lay = ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
+                        lone_ok=lone_ok)
+    padded = tuple(n + lay.pads.get(s, 0) for s, n, _ in entries)
+    odd = sum(1 for n in lay.logits if ubatch.ragged(n, quantum))
+    multi = sum(1 for n in lay.logits if n >= 2)
+    x = np.array([len(lay.ubatches), sum(padded), sum(lay.logits), 0.0, odd, multi])
+    x.flags.writeable = False
+    return x, padded
+
+
+@functools.lru_cache(maxsize=64)
+def _alone_features(*layout) -> tuple[np.ndarray, np.ndarray]:
+    """(features, tokens with padding) of one sequence verifying 1..MAX_DRAFT+1 tokens
+    with all logits, one row each (`DecodeCost.alone`)."""
+    rows = [_fixed_features(((0, n, n),), *layout) for n in range(1, MAX_DRAFT + 2)]
+    return np.array([x for x, _ in rows]), np.array([float(p[0]) for _, p in rows])
 
 
 @dataclass(frozen=True)
@@ -90,20 +105,20 @@ class DecodeCost:
             raise ValueError(f"a decode cost needs a positive per-ubatch cost and no negative "
                              f"coefficient: {self}")
 
+    def _fixed(self, entries: tuple) -> tuple[np.ndarray, tuple[int, ...]]:
+        """`_fixed_features` of `entries` in this model's layout."""
+        return _fixed_features(entries, self.n_ubatch, self.per_seq_streams, self.pad,
+                               self.logit_quantum, self.lone_ok)
+
     def features(self, shapes: Sequence[Shape]) -> np.ndarray:
         """(ubatches, tokens with padding, logit rows, token-kilocells, ragged-logit
         ubatches, multi-logit ubatches) of one decode, laid out as `Context.decode`
         lays it out."""
         shapes = [s for s in shapes if s.n_tokens > 0]
-        lay = _layout(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
-                      self.n_ubatch, self.per_seq_streams, self.pad, self.logit_quantum,
-                      self.lone_ok)
-        pads = lay.pads
-        tokens = sum(s.n_tokens for s in shapes) + sum(pads.values())
-        kv = sum((s.n_tokens + pads.get(s.seq_id, 0)) * s.n_kv for s in shapes) / 1000.0
-        odd = sum(1 for n in lay.logits if ubatch.ragged(n, self.logit_quantum))
-        multi = sum(1 for n in lay.logits if n >= 2)
-        return np.array([len(lay.ubatches), tokens, sum(lay.logits), kv, odd, multi], dtype=float)
+        x, padded = self._fixed(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes))
+        x = x.copy()
+        x[3] = sum(p * s.n_kv for p, s in zip(padded, shapes)) / 1000.0
+        return x
 
     @property
     def coef(self) -> np.ndarray:
@@ -113,8 +128,43 @@ class DecodeCost:
         """The same layout with other coefficients (in COEF_FIELDS' order)."""
         return replace(self, **{f: float(c) for f, c in zip(COEF_FIELDS, coef)})
 
+    def price(self, entries: tuple, kvs: Sequence[int]) -> float:
+        """Seconds of a decode of `entries` ((seq_id, n_tokens, n_logits) each, n_tokens
+        > 0) whose streams hold `kvs` cells: `seconds` without building Shapes (the
+        planner's inner loop; the fixed part is remembered per model, in its __dict__:
+        a refit makes a new model)."""
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get(entries)
+        if hit is None:
+            x, padded = self._fixed(entries)
+            hit = memo[entries] = (float(x @ self.coef), padded)
+        return hit[0] + self.per_kv * sum(p * k for p, k in zip(hit[1], kvs)) / 1000.0
+
     def seconds(self, shapes: Sequence[Shape]) -> float:
         return float(self.features(shapes) @ self.coef)
+
+    def price_row(self, x: np.ndarray) -> float:
+        """Seconds of a decode whose `features` are `x`."""
+        coef = self.__dict__.get("_coef")
+        if coef is None:
+            coef = self.__dict__["_coef"] = self.coef
+        return float(x @ coef)
+
+    def alone(self) -> tuple[np.ndarray, np.ndarray, float]:
+        """One sequence alone verifying 1 + K tokens, all logits, K = 0..MAX_DRAFT:
+        (seconds without the KV term, tokens with padding, the least seconds an extra
+        token adds: min over K >= 1 of (t[K] - t[0]) / K without the KV term, which only
+        adds more). t[K] at n_kv cells = seconds[K] + per_kv * tokens[K] * n_kv / 1000.
+        Computed once per model (the planner's closed form, `planner.plan`)."""
+        memo = self.__dict__.setdefault("_memo", {})
+        hit = memo.get("alone")
+        if hit is None:
+            x, tok = _alone_features(self.n_ubatch, self.per_seq_streams, self.pad,
+                                     self.logit_quantum, self.lone_ok)
+            sec = x @ self.coef
+            slope = float(np.min((sec[1:] - sec[0]) / np.arange(1, len(sec))))
+            hit = memo["alone"] = (sec, tok, max(slope, 0.0))
+        return hit
 
     def t(self, n: int, n_kv: int = 0) -> float:
         """One sequence verifying n tokens (all logits)."""
@@ -172,9 +222,16 @@ class AcceptanceStats:
     offered: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
     accepted: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
     n_updates: int = 0
+    _expected: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("offered", "accepted"):  # a new count array: the cached curve is stale
+            object.__setattr__(self, "_expected", None)
+        object.__setattr__(self, name, value)
 
     def update(self, n_offered: int, n_accepted: int) -> None:
         """Record a verified draft of length n_offered with n_accepted accepted."""
+        self._expected = None
         n_offered = min(n_offered, MAX_DRAFT)
         n_accepted = min(n_accepted, n_offered)
         self.offered *= self.decay
@@ -197,8 +254,11 @@ class AcceptanceStats:
         return (self.accepted + self.shrink * pooled) / (self.offered + self.shrink)
 
     def expected_tokens(self) -> np.ndarray:
-        """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT."""
-        return np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.p()))])
+        """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per
+        update: a step reads it for every proposal; callers must not write into it)."""
+        if self._expected is None:
+            self._expected = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.p()))])
+        return self._expected
 
 
 def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple[int, float]:
@@ -341,71 +401,6 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
                        save=lambda cost: save_curve(key, cost, replace=False))
 
 
-class CostTracker:
-    """A run's decode-cost model, refined from the decodes the run makes.
-
-    Each observed decode (its entries, its seconds) is a measurement of the model.
-    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are
-    refitted by weighted least squares on relative error over the window of recent
-    decodes plus the prior curve's own predictions for the calibration shapes
-    (PRIOR_WEIGHT decodes' worth each):
-    recent decodes weigh more (half-life HALF_LIFE decodes), so a machine that becomes
-    slower or faster, or a prior measured under other conditions, is corrected within
-    the run, while a direction the decodes do not show (long drafts never tried) keeps
-    the prior's value. One pass of residual reweighting damps single preempted
-    decodes. Coefficients stay >= 0 with a positive per-ubatch cost (DecodeCost's
-    invariant)."""
-
-    WINDOW = 256
-    HALF_LIFE = 64.0
-    REFIT_EVERY = 16
-    FIRST_REFITS = (4, 8)  # early refits: a start-up measures nothing, the run corrects the prior
-    PRIOR_WEIGHT = 0.05
-
-    def __init__(self, prior: DecodeCost):
-        self.prior = prior
-        self.current = prior
-        self._x: list[np.ndarray] = []
-        self._y: list[float] = []
-        self._since = 0
-        self.n_observed = 0  # decodes observed
-        self.predicted = 0.0  # the last observed decode's seconds by the model before it
-        shapes = calibration_shapes(prior.per_seq_streams, 4, 4096, max(prior.n_ubatch, 512),
-                                    prior.pad)
-        self._prior_x = np.array([prior.features(sh) for sh in shapes])
-        self._prior_y = self._prior_x @ prior.coef
-
-    def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
-        """Record one decode; the (possibly refitted) current model. `predicted` keeps
-        what the model that planned the decode said it would take."""
-        x = self.prior.features(shapes)  # the layout is the prior's and the current's
-        self.predicted = float(x @ self.current.coef)
-        self._x.append(x)
-        self._y.append(float(seconds))
-        if len(self._x) > self.WINDOW:
-            del self._x[0], self._y[0]
-        self.n_observed += 1
-        self._since += 1
-        if self._since >= self.REFIT_EVERY or self.n_observed in self.FIRST_REFITS:
-            self._since = 0
-            self.current = self.refit()
-        return self.current
-
-    def refit(self) -> DecodeCost:
-        """The weighted fit described in the class docstring."""
-        x = np.vstack([np.array(self._x), self._prior_x])
-        y = np.concatenate([self._y, self._prior_y])
-        age = np.arange(len(self._y))[::-1]
-        w = np.concatenate([0.5 ** (age / self.HALF_LIFE),
-                            np.full(len(self._prior_y), self.PRIOR_WEIGHT)]) / y ** 2
-        coef = _nonneg_lstsq(x, y, w)
-        r = np.abs(x @ coef - y) / y  # relative residuals: damp the far-off decodes, refit
-        mad = np.median(r[:len(self._y)]) + 1e-3
-        w = w * np.where(r > 4 * mad, 4 * mad / np.maximum(r, 1e-12), 1.0)
-        coef = _nonneg_lstsq(x, y, w)
-        return self.prior.with_coef(coef)
-
-
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
                   active: list[bool] | None = None) -> np.ndarray:
     """Weighted least squares over the `active` columns (default: every column some row
@@ -470,6 +465,20 @@ def _kernel_key(ctx) -> str:
                               if st["active"] and st["variant"] != "avx2"})))
 
 
+def _backend_key(ctx) -> str:
+    """The cost key's part for the backend: the devices llama.cpp has besides the CPU
+    (a CUDA, Vulkan or Metal build prices decodes differently even at -ngl 0, where
+    large matmuls may still be offloaded) and the layers offloaded. Empty on a CPU build
+    (the CPU's curve keeps its key)."""
+    from ..llama.kernels import guard
+
+    devices = [name for name, kind in guard.devices() if kind != "CPU"]
+    if not devices:
+        return ""
+    ngl = getattr(getattr(ctx, "model", None), "n_gpu_layers", 0)
+    return f":devices={'+'.join(devices)}:ngl={ngl}"
+
+
 def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibration:
     """The decode-cost model of a context (`llama.context.Context`): its model file, layout and
     thread count (cached; `load_or_calibrate`), with the time it took. Decodes nothing
@@ -482,7 +491,7 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
-           + _kernel_key(ctx))
+           + _kernel_key(ctx) + _backend_key(ctx))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:

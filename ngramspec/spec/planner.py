@@ -24,6 +24,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
+
 from .cost import DecodeCost, Shape
 from .speculation import DraftOptions
 
@@ -46,7 +48,29 @@ def plan(options: Sequence[DraftOptions], base: Sequence[Shape], cost: DecodeCos
             budget -= k
             ks.append(k)
         return ks
+    if len(options) == 1:
+        return [_alone(options[0], base[0], cost, min(caps[0], budget), trust)]
     return _ascend(options, base, cost, caps, budget, trust)
+
+
+def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: float) -> int:
+    """One sequence in the decode: every length priced at once from the model's table
+    (`DecodeCost.alone`), the best rate E[tokens | K] / t(1 + K) kept if `trust` times
+    it beats plain decoding. Before pricing: E[K] - 1 <= K * (E[1] - 1) (each further
+    token is accepted with the chances of all before it), and t(1 + K) >= t(1) + K *
+    slope, so when (E[1] - 1) * t(1) <= slope no length can beat plain decoding."""
+    e = opt.expected
+    k_top = min(cap, len(e) - 1) if e is not None else 0
+    if k_top <= 0:
+        return 0
+    sec, tok, slope = cost.alone()
+    kv = cost.per_kv * base.n_kv / 1000.0
+    t1 = sec[0] + kv * tok[0]
+    if (e[1] - 1.0) * t1 <= slope:
+        return 0
+    rate = e[:k_top + 1] / (sec[:k_top + 1] + kv * tok[:k_top + 1])
+    k = int(np.argmax(rate))
+    return k if rate[k] * trust > rate[0] * (1 + 1e-9) else 0
 
 
 def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
@@ -57,10 +81,11 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
         return ks
     gain = [float(o.expected[0]) if o.expected is not None else 1.0 for o in options]
     total = sum(gain)
+    kvs = [s.n_kv for s in base]
 
     def seconds(k: list[int]) -> float:
-        return cost.seconds([Shape(s.seq_id, s.n_tokens + kk, s.n_logits + kk, s.n_kv)
-                             for s, kk in zip(base, k)])
+        return cost.price(tuple((s.seq_id, s.n_tokens + kk, s.n_logits + kk)
+                                for s, kk in zip(base, k)), kvs)
 
     best = plain = total / seconds(ks)
     for _ in range(MAX_ROUNDS):

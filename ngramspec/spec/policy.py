@@ -27,8 +27,11 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from .cost import MAX_DRAFT, AcceptanceStats, CostTracker, DecodeCost, Shape
+from . import planner
+from .cost import MAX_DRAFT, AcceptanceStats, DecodeCost, Shape
 from .draft_trust import DraftTrust
+from .probe import Probe
+from .tracker import CostTracker
 from .drafters import common_prefix
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
@@ -43,6 +46,10 @@ class DraftPolicy(Protocol):
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
+
+    def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
+             total_max: int) -> list[int]:
+        """Every sequence's draft length for one decode (planner.py)."""
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None: ...
 
@@ -63,6 +70,10 @@ class FixedPolicy:
                 room: int) -> DraftOptions:
         found = sp.chain.propose(sp.seq_id, history, sampled, room, first_only=True, extra=sp.own)
         return DraftOptions(proposals=found) if found else NO_OPTIONS
+
+    def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
+             total_max: int) -> list[int]:
+        return planner.plan(options, base, None, per_seq_max, total_max)
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         pass
@@ -88,6 +99,12 @@ def majority(props: list) -> list:
     return [p for p, f in zip(props, firsts) if f == top]
 
 
+def _state_key(sp: Speculation, drafter) -> tuple[str, object]:
+    """(drafter name, run state) of a proposal's statistics (`CostPolicy.stats`)."""
+    agreement = getattr(drafter, "agreement", None)
+    return drafter.name, sp.copying if agreement is None else agreement
+
+
 class CostPolicy:
     """Expected tokens per draft length from acceptance statistics; the planner
     (planner.py) weighs them against the decode cost. With compare_all (auto) every
@@ -103,21 +120,36 @@ class CostPolicy:
         self._save = save
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
-        self.global_stats: dict[tuple[str, bool], AcceptanceStats] = {}  # (drafter, copying)
+        self.global_stats: dict[tuple[str, object], AcceptanceStats] = {}  # (drafter, state)
         self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
+        self.probe = Probe()  # short drafts while the curve has seen no verify (probe.py)
 
-    def stats(self, sp: Speculation, name: str) -> AcceptanceStats:
-        """The sequence's stats for drafter `name` in the sequence's current run state
-        (`Speculation.copying`). They start from the global stats of that drafter and
-        state, scaled down; while those have seen nothing (a cold server), from what
-        this sequence learnt of the drafter in the other state, so the first copy
-        ramps up as fast as with one set of statistics."""
-        key = (name, sp.copying)
+    def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
+             total_max: int) -> list[int]:
+        """The planner's lengths against the current curve and DraftTrust; where they
+        draft nothing while the curve has seen no multi-row verify, a probe (probe.py)."""
+        self.probe.close()
+        ks = planner.plan(options, base, self.cost, per_seq_max, total_max,
+                          trust=self.trust(len(base)))
+        if any(ks) or self.tracker.slope_seen():
+            return ks
+        return self.probe.choose(options, base, self.cost, per_seq_max, total_max) or ks
+
+    def stats(self, sp: Speculation, drafter) -> AcceptanceStats:
+        """The sequence's stats for `drafter` in the sequence's current run state: for an
+        n-gram drafter `Speculation.copying`; for a request's prediction how long the
+        output has agreed with it (`PredictionDrafter.agreement`), so a prediction is
+        priced apart from the n-gram drafters and by that agreement. They start from the
+        global stats of that drafter and state, scaled down; while those have seen
+        nothing (a cold server), an n-gram drafter's start from what this sequence learnt
+        of it in the other state, so the first copy ramps up as fast as with one set of
+        statistics."""
+        key = _state_key(sp, drafter)
         s = sp.stats.get(key)
         if s is None:
             g = self._global(key)
             s = sp.stats[key] = AcceptanceStats()
-            other = sp.stats.get((name, not sp.copying))
+            other = sp.stats.get((key[0], not sp.copying)) if isinstance(key[1], bool) else None
             if g.n_updates == 0 and other is not None:
                 s.offered, s.accepted = other.offered.copy(), other.accepted.copy()
             else:
@@ -132,9 +164,9 @@ class CostPolicy:
             g = self.global_stats[key] = AcceptanceStats(decay=0.995)
         return g
 
-    def _update(self, sp: Speculation, name: str, offered: int, accepted: int) -> None:
-        self.stats(sp, name).update(offered, accepted)
-        self._global((name, sp.copying)).update(offered, accepted)
+    def _update(self, sp: Speculation, drafter, offered: int, accepted: int) -> None:
+        self.stats(sp, drafter).update(offered, accepted)
+        self._global(_state_key(sp, drafter)).update(offered, accepted)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -149,7 +181,7 @@ class CostPolicy:
         for i, p in enumerate(props):
             if id(p) not in eligible:
                 continue
-            e = self.stats(sp, p[0].name).expected_tokens()[:len(p[1]) + 1]
+            e = self.stats(sp, p[0]).expected_tokens()[:len(p[1]) + 1]
             better = np.flatnonzero(e[1:] > expected[1:len(e)]) + 1
             expected[better], pick[better] = e[better], i
         k_top = int(np.max(np.flatnonzero(pick >= 0), initial=0))
@@ -158,28 +190,35 @@ class CostPolicy:
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
         em = np.asarray(emitted, dtype=np.int32)
+        if sp.committed is not None:
+            self.probe.accepted(sp.seq_id, n_accepted)
         if sp.committed is not None and sp.options.expected is not None:
             e = sp.options.expected
             self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
-                self._update(sp, d.name, sp.committed[1], n_accepted)
+                self._update(sp, d, sp.committed[1], n_accepted)
                 continue
             n, m = min(len(dr), len(em)), common_prefix(dr, em)
             if m < n:  # a miss at m: positions 0..m seen, m accepted
-                self._update(sp, d.name, len(dr), m)
+                self._update(sp, d, len(dr), m)
             elif m > 0:  # all known tokens matched: censored at m
-                self._update(sp, d.name, m, m)
+                self._update(sp, d, m, m)
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
-        """Refine the cost model from a generation decode (CostTracker) and score the
-        decode against the model that planned it (DraftTrust); once, after SAVE_AFTER
-        decodes, hand the learnt curve to `save` (cost.Calibration.save)."""
+        """Refine the cost model from a generation decode (CostTracker) and score a
+        drafted decode against the model that planned it (DraftTrust; a probe is not
+        scored); once, after SAVE_AFTER decodes and once the curve has seen multi-row
+        verifies (a curve that never saw one is the scaled prior's guess, not worth
+        caching), hand the learnt curve to `save` (cost.Calibration.save)."""
+        drafted = not self.probe.open and any(s.n_tokens > 1 for s in shapes)
+        predicted = self.cost.seconds(shapes) if drafted else 0.0
         self.cost = self.tracker.observe(shapes, seconds)
-        self.realized.decode(len(shapes), self.tracker.predicted, seconds,
-                             any(s.n_tokens > 1 for s in shapes))
-        if self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER:
+        self.probe.decode(seconds)
+        self.realized.decode(len(shapes), predicted, seconds, drafted)
+        if (self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER
+                and self.tracker.slope_seen()):
             save, self._save = self._save, None
             save(self.cost)
 

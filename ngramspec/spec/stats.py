@@ -3,7 +3,7 @@
 These are the project's only draft counters: the server's spec_decode_* totals are
 their sum over drafters (`total`), never a second count.
 
-Invariants: `n_acc_tokens <= n_gen_tokens`; `n_acc_drafts <= n_gen_drafts`;
+Invariants: `n_acc_tokens <= n_gen_tokens`; `n_acc_drafts <= n_gen_drafts <= n_prop_drafts`;
 `acc_per_pos[i]` counts drafts whose first i+1 tokens were accepted, so it is
 non-increasing in i and `sum(acc_per_pos) == n_acc_tokens`; its length is the
 longest draft verified (positions offered and never accepted show as 0).
@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class DrafterStats:
-    """What llama.cpp's `common_speculative_print_stats` reports for one implementation."""
+    """What llama.cpp's `common_speculative_print_stats` reports for one implementation,
+    and what it cannot: the drafts proposed (`n_prop_*`) beside those verified
+    (`n_gen_*`), so a policy's declined proposals show (`n_declined`)."""
 
     name: str
     n_call_begin: int = 0
@@ -29,6 +31,13 @@ class DrafterStats:
     t_draft_us: float = 0.0
     t_accept_us: float = 0.0
     acc_per_pos: list[int] = field(default_factory=list)
+    n_prop_drafts: int = 0  # drafts proposed (verified or not): a policy may decline them
+    n_prop_tokens: int = 0
+
+    @property
+    def n_declined(self) -> int:
+        """Proposed drafts that were not verified (the policy chose another, or none)."""
+        return self.n_prop_drafts - self.n_gen_drafts
 
     def record_accept(self, n_accepted: int, n_drafted: int = 0) -> None:
         """One verified draft of `n_drafted` tokens, of them `n_accepted` accepted."""
@@ -54,7 +63,8 @@ class DrafterStats:
                 f"{self.n_call_accept}, #gen drafts = {self.n_gen_drafts}, #acc drafts = "
                 f"{self.n_acc_drafts}, #gen tokens = {self.n_gen_tokens}, #acc tokens = "
                 f"{self.n_acc_tokens}, dur(b,g,a) = {self.t_begin_us / 1e3:.3f}, "
-                f"{self.t_draft_us / 1e3:.3f}, {self.t_accept_us / 1e3:.3f} ms")
+                f"{self.t_draft_us / 1e3:.3f}, {self.t_accept_us / 1e3:.3f} ms, "
+                f"#prop drafts = {self.n_prop_drafts}, #declined = {self.n_declined}")
 
     def add(self, other: DrafterStats) -> None:
         """Add `other`'s counts and times into these (the name stays)."""
@@ -68,6 +78,7 @@ class DrafterStats:
 
     def as_dict(self) -> dict:
         d = {k: v for k, v in self.__dict__.items()}
+        d["n_declined"] = self.n_declined
         d["acceptance_rate"] = self.acceptance_rate
         d["mean_acceptance_length"] = self.mean_acceptance_length
         return d
@@ -120,13 +131,18 @@ def calibration_line(cal) -> str:
 
 def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
             draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0,
-            prediction: tuple[int, int] | None = None) -> dict:
+            prediction: tuple[int, int] | None = None, host_ms: float | None = None,
+            steps: int = 0) -> dict:
     """llama.cpp's `timings` object (server-common.cpp): prompt_n counts the prompt
     tokens evaluated (cache_n were reused); the generation rate counts the tokens
     after the first, which the prompt's logits give; draft fields only when
     something was drafted. Ours on top: with a request's `prediction` = (drafted,
-    accepted) of its tokens, `prediction_n_accepted` and `prediction_n_rejected`
-    (part of draft_n / draft_n_accepted; OpenAI's accepted_/rejected_prediction_tokens)."""
+    accepted) of its tokens, `prediction_n_accepted` and `prediction_n_rejected` (the
+    verified ones: part of draft_n / draft_n_accepted; OpenAI's usage counts as rejected
+    every prediction token not in the completion, `render.usage`);
+    with `host_ms` (the generation steps' wall time outside their decodes' compute:
+    drafting, planning, sampling, bookkeeping) `host_ms` and `host_per_step_us` over
+    its `steps` verify steps."""
     steps = max(n_predicted - 1, 0)
     t = {"cache_n": cache_n, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
          "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
@@ -137,6 +153,9 @@ def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: flo
     if draft_n:
         t["draft_n"] = draft_n
         t["draft_n_accepted"] = draft_n_accepted
+    if host_ms is not None:
+        t["host_ms"] = host_ms
+        t["host_per_step_us"] = host_ms * 1e3 / steps if steps else 0.0
     if prediction is not None:
         t["prediction_n_accepted"] = prediction[1]
         t["prediction_n_rejected"] = prediction[0] - prediction[1]

@@ -7,7 +7,8 @@ Invariants:
   chain). `propose` + `commit` split that in two for policies that compare
   several drafters' proposals. Only the committed drafter gets `accept` for
   that step (llama.cpp's `impl_last`); unverified drafts are never accepted.
-- Stats follow llama.cpp: calls, generated/accepted drafts and tokens, time.
+- Stats follow llama.cpp: calls, generated (verified)/accepted drafts and tokens,
+  time; and the drafts proposed, so the ones a policy declined show.
 """
 from __future__ import annotations
 
@@ -117,6 +118,8 @@ class DrafterChain:
             st.n_call_draft += 1
             if len(draft) >= self._min:
                 out.append((d, draft[:max_len]))
+                st.n_prop_drafts += 1
+                st.n_prop_tokens += min(len(draft), max_len)
                 if first_only:
                     break
         return out
