@@ -31,7 +31,7 @@ import functools
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -203,42 +203,54 @@ class DecodeCost:
         return cls(*[float(c) for c in coef], **layout)
 
 
-@dataclass
 class AcceptanceStats:
     """Decayed per-position acceptance counts of one drafter (optionally per sequence).
 
     offered[i]: drafts whose position i was verified (all earlier accepted);
-    accepted[i]: of those, how many accepted position i.
+    accepted[i]: of those, how many accepted position i. Each update multiplies the old
+    counts by `decay` and adds the new draft with weight 1; kept lazily (the raw counts
+    grow by 1/decay per update and are divided out when read), so an update touches
+    only the positions it saw.
     """
 
-    decay: float = 0.97
     # Beta prior of the pooled rate: a cold drafter is trusted at 1/1.1 = 0.91 per
     # token, and one unaccepted pseudo-token of 0.1 keeps the hazard estimate
     # positive but lets a drafter that is never wrong (a copy) reach the long
     # drafts where verification is cheapest per token within a few steps.
-    prior_accept: float = 1.0
-    prior_reject: float = 0.1
-    shrink: float = 1.0  # pseudo-observations pulling each position towards the pool
-    offered: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
-    accepted: np.ndarray = field(default_factory=lambda: np.zeros(MAX_DRAFT))
-    n_updates: int = 0
-    _expected: np.ndarray | None = field(default=None, repr=False, compare=False)
+    prior_accept = 1.0
+    prior_reject = 0.1
+    shrink = 1.0  # pseudo-observations pulling each position towards the pool
 
-    def __setattr__(self, name: str, value) -> None:
-        if name in ("offered", "accepted"):  # a new count array: the cached curve is stale
-            object.__setattr__(self, "_expected", None)
-        object.__setattr__(self, name, value)
+    def __init__(self, decay: float = 0.97, offered: np.ndarray | None = None,
+                 accepted: np.ndarray | None = None):
+        self.decay = decay
+        self._w = 1.0  # the weight the next update adds, relative to the raw counts
+        self._off = np.zeros(MAX_DRAFT) if offered is None else np.array(offered, dtype=float)
+        self._acc = np.zeros(MAX_DRAFT) if accepted is None else np.array(accepted, dtype=float)
+        self.n_updates = 0
+        self._expected: np.ndarray | None = None
+
+    @property
+    def offered(self) -> np.ndarray:
+        return self._off / self._w
+
+    @property
+    def accepted(self) -> np.ndarray:
+        return self._acc / self._w
 
     def update(self, n_offered: int, n_accepted: int) -> None:
         """Record a verified draft of length n_offered with n_accepted accepted."""
         self._expected = None
         n_offered = min(n_offered, MAX_DRAFT)
         n_accepted = min(n_accepted, n_offered)
-        self.offered *= self.decay
-        self.accepted *= self.decay
+        self._w /= self.decay
+        if self._w > 1e100:  # fold the scale back into the counts
+            self._off /= self._w
+            self._acc /= self._w
+            self._w = 1.0
         seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
-        self.offered[:seen] += 1
-        self.accepted[:n_accepted] += 1
+        self._off[:seen] += self._w
+        self._acc[:n_accepted] += self._w
         self.n_updates += 1
 
     def p(self) -> np.ndarray:
@@ -249,9 +261,10 @@ class AcceptanceStats:
         inherit what the drafter shows elsewhere: a drafter that is always right
         gets tried at lengths it has not reached before.
         """
-        pooled = (self.accepted.sum() + self.prior_accept) / (
-            self.offered.sum() + self.prior_accept + self.prior_reject)
-        return (self.accepted + self.shrink * pooled) / (self.offered + self.shrink)
+        off, acc = self.offered, self.accepted
+        pooled = (acc.sum() + self.prior_accept) / (
+            off.sum() + self.prior_accept + self.prior_reject)
+        return (acc + self.shrink * pooled) / (off + self.shrink)
 
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per

@@ -148,13 +148,13 @@ class CostPolicy:
         s = sp.stats.get(key)
         if s is None:
             g = self._global(key)
-            s = sp.stats[key] = AcceptanceStats()
             other = sp.stats.get((key[0], not sp.copying)) if isinstance(key[1], bool) else None
             if g.n_updates == 0 and other is not None:
-                s.offered, s.accepted = other.offered.copy(), other.accepted.copy()
+                s = AcceptanceStats(offered=other.offered, accepted=other.accepted)
             else:
-                s.offered = g.offered * SEQ_PRIOR_WEIGHT
-                s.accepted = g.accepted * SEQ_PRIOR_WEIGHT
+                s = AcceptanceStats(offered=g.offered * SEQ_PRIOR_WEIGHT,
+                                    accepted=g.accepted * SEQ_PRIOR_WEIGHT)
+            sp.stats[key] = s
         return s
 
     def _global(self, key: tuple[str, bool]) -> AcceptanceStats:
