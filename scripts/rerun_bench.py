@@ -194,6 +194,15 @@ def per_kind(first: dict, b: dict) -> None:
               f"{sorted(pref)} chars; difflib ratio {min(ratio):.2f}-{max(ratio):.2f}; "
               f"generation s cold {sums['cold']:.1f}, previous {sums['previous']:.1f}, "
               f"same {sums['same']:.1f}, same+previous {sums['same+previous']:.1f}")
+    old, new = first["texts"], b["cold"]["texts"]
+    for label, ids in (("changed", [i for i in old if old[i] != new[i]]),
+                       ("unchanged", [i for i in old if old[i] == new[i]])):
+        if ids:  # the edited documents, by whether the edit changed their output
+            cold, prev = (sum(gen[m][i] for i in ids) for m in ("cold", "previous"))
+            worst = max(gen["previous"][i] / gen["cold"][i] for i in ids)
+            print(f"edited, output {label} ({len(ids)}): --previous takes {prev / cold:.2f}x "
+                  f"the cold generation ({prev / 1e3:.1f} s vs {cold / 1e3:.1f} s; worst "
+                  f"record {worst:.2f}x)")
 
 
 def report(args, runs: dict[str, list[dict]], first: dict) -> None:

@@ -175,17 +175,17 @@ class CostPolicy:
         if not props:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}
-        k_max = max(len(dr) for _, dr in props)
-        expected = np.ones(k_max + 1)
-        pick = np.full(k_max + 1, -1)
-        for i, p in enumerate(props):
-            if id(p) not in eligible:
-                continue
-            e = self.stats(sp, p[0]).expected_tokens()[:len(p[1]) + 1]
-            better = np.flatnonzero(e[1:] > expected[1:len(e)]) + 1
-            expected[better], pick[better] = e[better], i
-        k_top = int(np.max(np.flatnonzero(pick >= 0), initial=0))
-        return DraftOptions(props, expected[:k_top + 1], pick[:k_top + 1])
+        rows = [i for i, p in enumerate(props) if id(p) in eligible]
+        k_top = max(len(props[i][1]) for i in rows)
+        table = np.full((len(rows), k_top + 1), -np.inf)  # E[tokens | K] per proposal
+        for r, i in enumerate(rows):
+            n = len(props[i][1]) + 1
+            table[r, :n] = self.stats(sp, props[i][0]).expected_tokens()[:n]
+        best = table.argmax(axis=0)  # the first of equals: the earlier proposal
+        pick = np.asarray(rows)[best]
+        pick[0] = -1
+        expected = table[best, np.arange(k_top + 1)]
+        return DraftOptions(props, expected, pick)
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
