@@ -4,7 +4,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ngramspec.spec.cost import AcceptanceStats, DecodeCost, Shape, best_length
+from ngramspec.spec.acceptance import AcceptanceStats, best_length
+from ngramspec.spec.cost import DecodeCost, Shape
 
 
 def stats_with(p_accept: float, n: int = 200) -> AcceptanceStats:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
-from ngramspec.spec.cost import AcceptanceStats, DecodeCost, Shape, best_length
+from ngramspec.spec.acceptance import AcceptanceStats, best_length
+from ngramspec.spec.cost import DecodeCost, Shape
 from ngramspec.spec.drafters import DrafterChain, NgramSimple
 from ngramspec.spec.planner import plan
 from ngramspec.spec.policy import CostPolicy

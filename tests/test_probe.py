@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.spec.cost import DEFAULT_COEF, AcceptanceStats, DecodeCost, Shape
+from ngramspec.spec.acceptance import AcceptanceStats
+from ngramspec.spec.cost import DEFAULT_COEF, DecodeCost, Shape
 from ngramspec.spec.policy import CostPolicy
 from ngramspec.spec.probe import SHARE
 from ngramspec.spec.speculation import DraftOptions

@@ -1,4 +1,4 @@
-"""Cost model: the time of one llama_decode, and acceptance statistics -> draft length.
+"""Cost model: the time of one llama_decode (acceptance statistics: acceptance.py).
 
 A decode runs as the ubatches llama.cpp splits it into (`ubatch.py`), each a
 graph of its own, so its time is modelled from that split:
@@ -14,16 +14,9 @@ and ~8.5 ms once a ubatch has two logit rows or more: llama.cpp evaluates a sing
 logit row with vec_dot and several with llamafile's sgemm, whose setup over the
 output layer costs that much (measured: 1 token 10.8 ms, 2 tokens with one logit
 row 13.1 ms, with two 23.0 ms; 16 tokens with one 37.7 ms, with sixteen 64.4 ms).
-A verify step that evaluates `sampled` + K draft tokens emits 1 + A tokens,
-A = accepted draft tokens. With p_i the probability that draft token i is
-accepted given tokens 1..i-1 were,
-    E[tokens | K] = 1 + sum_{i<=K} prod_{j<=i} p_j.
 
-Invariants:
-- `DecodeCost.seconds` is positive and non-decreasing in every entry's tokens
-  (all coefficients are >= 0 and per_ubatch > 0).
-- `AcceptanceStats` estimates p_i from decayed counts with a Beta prior, so an
-  unseen position is neither certain nor hopeless, and old evidence fades.
+Invariant: `DecodeCost.seconds` is positive and non-decreasing in every entry's tokens
+(all coefficients are >= 0 and per_ubatch > 0).
 """
 from __future__ import annotations
 
@@ -201,90 +194,6 @@ class DecodeCost:
             active[i] = False
         coef = _nonneg_lstsq(x, y, np.ones(len(y)), active)
         return cls(*[float(c) for c in coef], **layout)
-
-
-class AcceptanceStats:
-    """Decayed per-position acceptance counts of one drafter (optionally per sequence).
-
-    offered[i]: drafts whose position i was verified (all earlier accepted);
-    accepted[i]: of those, how many accepted position i. Each update multiplies the old
-    counts by `decay` and adds the new draft with weight 1; kept lazily (the raw counts
-    grow by 1/decay per update and are divided out when read), so an update touches
-    only the positions it saw.
-    """
-
-    # Beta prior of the pooled rate: a cold drafter is trusted at 1/1.1 = 0.91 per
-    # token, and one unaccepted pseudo-token of 0.1 keeps the hazard estimate
-    # positive but lets a drafter that is never wrong (a copy) reach the long
-    # drafts where verification is cheapest per token within a few steps.
-    prior_accept = 1.0
-    prior_reject = 0.1
-    shrink = 1.0  # pseudo-observations pulling each position towards the pool
-
-    def __init__(self, decay: float = 0.97, offered: np.ndarray | None = None,
-                 accepted: np.ndarray | None = None):
-        self.decay = decay
-        self._w = 1.0  # the weight the next update adds, relative to the raw counts
-        self._off = np.zeros(MAX_DRAFT) if offered is None else np.array(offered, dtype=float)
-        self._acc = np.zeros(MAX_DRAFT) if accepted is None else np.array(accepted, dtype=float)
-        self.n_updates = 0
-        self._expected: np.ndarray | None = None
-
-    @property
-    def offered(self) -> np.ndarray:
-        return self._off / self._w
-
-    @property
-    def accepted(self) -> np.ndarray:
-        return self._acc / self._w
-
-    def update(self, n_offered: int, n_accepted: int) -> None:
-        """Record a verified draft of length n_offered with n_accepted accepted."""
-        self._expected = None
-        n_offered = min(n_offered, MAX_DRAFT)
-        n_accepted = min(n_accepted, n_offered)
-        self._w /= self.decay
-        if self._w > 1e100:  # fold the scale back into the counts
-            self._off /= self._w
-            self._acc /= self._w
-            self._w = 1.0
-        seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
-        self._off[:seen] += self._w
-        self._acc[:n_accepted] += self._w
-        self.n_updates += 1
-
-    def p(self) -> np.ndarray:
-        """Conditional acceptance probability per position (posterior mean).
-
-        Each position shrinks towards the drafter's pooled rate over all positions
-        (itself shrunk towards the Beta prior), so positions never offered yet
-        inherit what the drafter shows elsewhere: a drafter that is always right
-        gets tried at lengths it has not reached before.
-        """
-        off, acc = self.offered, self.accepted
-        pooled = (acc.sum() + self.prior_accept) / (
-            off.sum() + self.prior_accept + self.prior_reject)
-        return (acc + self.shrink * pooled) / (off + self.shrink)
-
-    def expected_tokens(self) -> np.ndarray:
-        """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per
-        update: a step reads it for every proposal; callers must not write into it)."""
-        if self._expected is None:
-            self._expected = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.p()))])
-        return self._expected
-
-
-def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple[int, float]:
-    """(K, tokens per second) maximising E[tokens | K] / t(K+1) over K in 0..max_len.
-
-    `cost` is DecodeCost.table(): cost[K] = t(K+1).
-    """
-    k_max = int(min(max_len, len(cost) - 1, MAX_DRAFT))
-    if k_max <= 0:
-        return 0, 1.0 / cost[0]
-    rate = stats.expected_tokens()[:k_max + 1] / cost[:k_max + 1]
-    k = int(np.argmax(rate))
-    return k, float(rate[k])
 
 
 # ------------------------------------------------------------------ calibration

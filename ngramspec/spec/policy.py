@@ -28,7 +28,8 @@ from typing import Callable, Protocol, Sequence
 import numpy as np
 
 from . import planner
-from .cost import MAX_DRAFT, AcceptanceStats, DecodeCost, Shape
+from .acceptance import AcceptanceStats
+from .cost import MAX_DRAFT, DecodeCost, Shape
 from .draft_trust import DraftTrust
 from .probe import Probe
 from .tracker import CostTracker

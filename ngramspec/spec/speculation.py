@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import AcceptanceStats
+from .acceptance import AcceptanceStats
 from .drafters import EMPTY, DrafterChain
 
 
