@@ -136,13 +136,6 @@ class DecodeCost:
     def seconds(self, shapes: Sequence[Shape]) -> float:
         return float(self.features(shapes) @ self.coef)
 
-    def price_row(self, x: np.ndarray) -> float:
-        """Seconds of a decode whose `features` are `x`."""
-        coef = self.__dict__.get("_coef")
-        if coef is None:
-            coef = self.__dict__["_coef"] = self.coef
-        return float(x @ coef)
-
     def alone(self) -> tuple[np.ndarray, np.ndarray, float]:
         """One sequence alone verifying 1 + K tokens, all logits, K = 0..MAX_DRAFT:
         (seconds without the KV term, tokens with padding, the least seconds an extra

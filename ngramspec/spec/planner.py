@@ -13,8 +13,11 @@ split the decode into another ubatch pays for that ubatch.
 Search: coordinate ascent from "no drafts". Each sequence in turn tries the
 lengths of a geometric grid, its longest draft and the other sequences' current
 lengths (equal lengths share ubatches), keeping any change that raises the
-objective, until a round changes nothing. With one sequence every length is tried,
-which is exactly `acceptance.best_length` (llama.cpp's single-slot case with cost).
+objective, until a round changes nothing (with one sequence drafting, every length
+is tried). A decode of one sequence is solved in closed form instead: every length
+priced at once from the model's per-length table, after a bound that says "no draft"
+without pricing anything (`_alone`); that is exactly `acceptance.best_length`
+(llama.cpp's single-slot case with cost).
 
 Invariants: K_i <= the sequence's options and its per-sequence row limit; the
 total stays within `total_max`; the fixed policy takes each draft whole, in order,

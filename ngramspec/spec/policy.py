@@ -158,7 +158,7 @@ class CostPolicy:
             sp.stats[key] = s
         return s
 
-    def _global(self, key: tuple[str, bool]) -> AcceptanceStats:
+    def _global(self, key: tuple[str, object]) -> AcceptanceStats:
         """The server-wide stats of (drafter, copying), created on first use."""
         g = self.global_stats.get(key)
         if g is None:
