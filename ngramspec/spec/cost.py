@@ -319,18 +319,25 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
 def _nonneg_lstsq(x: np.ndarray, y: np.ndarray, w: np.ndarray,
                   active: list[bool] | None = None) -> np.ndarray:
     """Weighted least squares over the `active` columns (default: every column some row
-    uses) with every coefficient >= 0 (a negative one leaves the fit and it is solved
-    again) and the first (per-ubatch) > 0."""
+    uses), coefficients kept >= 0 (`nonneg_active_set`)."""
     sw = np.sqrt(w)[:, None]
     if active is None:
         active = [bool(x[:, i].any()) for i in range(x.shape[1])]
+    return nonneg_active_set(
+        active, lambda cols: np.linalg.lstsq(x[:, cols] * sw, y * sw[:, 0], rcond=None)[0])
+
+
+def nonneg_active_set(active: Sequence[bool], solve: Callable[[list[int]], np.ndarray]
+                      ) -> np.ndarray:
+    """Coefficients from `solve(columns)` (a least-squares solution over those columns)
+    with every coefficient >= 0: a negative one leaves the fit and it is solved again;
+    the first (per-ubatch) is kept > 0. Columns not `active` stay 0."""
     active = list(active)
-    coef = np.zeros(x.shape[1])
-    for _ in range(x.shape[1]):
-        cols = [i for i in range(x.shape[1]) if active[i]]
-        sol, *_ = np.linalg.lstsq(x[:, cols] * sw, y * sw[:, 0], rcond=None)
+    coef = np.zeros(len(active))
+    for _ in range(len(active)):
+        cols = [i for i, on in enumerate(active) if on]
         coef[:] = 0
-        coef[cols] = sol
+        coef[cols] = solve(cols)
         neg = [i for i in cols if coef[i] < 0 and i != 0]
         if not neg:
             break

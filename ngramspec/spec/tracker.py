@@ -11,7 +11,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .cost import COEF_FIELDS, DecodeCost, Shape, calibration_shapes
+from .cost import COEF_FIELDS, DecodeCost, Shape, calibration_shapes, nonneg_active_set
 
 
 class CostTracker:
@@ -126,21 +126,8 @@ class CostTracker:
 
 
 def _nonneg_solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The least-squares coefficients of the normal equations a c = b with every
-    coefficient >= 0 (a negative one leaves the fit and it is solved again) and the
-    first (per-ubatch) > 0; a feature no row has (zero diagonal) stays 0."""
-    n = len(b)
-    active = [bool(a[i, i] > 0) for i in range(n)]
-    coef = np.zeros(n)
-    for _ in range(n):
-        cols = [i for i in range(n) if active[i]]
-        sol = np.linalg.lstsq(a[np.ix_(cols, cols)], b[cols], rcond=None)[0]
-        coef[:] = 0
-        coef[cols] = sol
-        neg = [i for i in cols if coef[i] < 0 and i != 0]
-        if not neg:
-            break
-        for i in neg:
-            active[i] = False
-    coef[0] = max(coef[0], 1e-4)
-    return coef
+    """The least-squares coefficients of the normal equations a c = b, each >= 0
+    (`cost.nonneg_active_set`); a feature no row has (zero diagonal) stays 0."""
+    return nonneg_active_set([bool(a[i, i] > 0) for i in range(len(b))],
+                             lambda cols: np.linalg.lstsq(a[np.ix_(cols, cols)], b[cols],
+                                                          rcond=None)[0])
