@@ -386,3 +386,22 @@ def test_stats_lines_have_llama_cpp_shape():
     assert acceptance_line(171, 297) == \
         "draft acceptance rate = 0.57576 (  171 accepted /   297 generated)"
     assert s.line().startswith("statistics ngram_mod: #calls(b,g,a) = 0 0 0, #gen drafts = 0")
+
+
+def test_timings_host_time_is_per_verify_step_not_per_token():
+    """`host_per_step_us` divides the host time by the decodes (verify steps) that
+    emitted the tokens, not by the tokens: 100 tokens in 20 steps, 4 ms of host time."""
+    from ngramspec.spec.stats import timings
+
+    t = timings(10, 5.0, 100, 200.0, host_ms=4.0, verify_steps=20)
+    assert t["host_ms"] == 4.0 and t["host_per_step_us"] == 200.0
+    assert t["predicted_per_second"] == 99 / 0.2  # llama.cpp's rate still counts tokens
+    assert "host_ms" not in timings(10, 5.0, 100, 200.0)
+
+
+def test_statistics_line_counts_declined_proposals():
+    from ngramspec.spec.stats import DrafterStats
+
+    s = DrafterStats("ngram-mod", n_prop_drafts=7, n_gen_drafts=3)
+    assert s.n_declined == 4 and s.as_dict()["n_declined"] == 4
+    assert s.line().endswith("#prop drafts = 7, #declined = 4")

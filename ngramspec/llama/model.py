@@ -108,6 +108,7 @@ class Model(FreedOnCollect):
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers  # -ngl; negative: all (a CPU build has no GPU)
         self.n_gpu_layers = n_gpu_layers
+        self._eog_seen: dict[int, bool] = {}  # is_eog's answers, per token id
         params.load_mode = load_mode  # llama_load_mode: -1 auto, 0 none, 1 mmap, 2 mlock, ...
         # repacked weights use a gemm kernel for groups of 4 columns and gemv for the
         # rest: a token's logits would depend on its place in the batch
@@ -169,10 +170,6 @@ class Model(FreedOnCollect):
         if hit is None:
             hit = self._eog_seen[token] = bool(_llama().llama_vocab_is_eog(self.vocab, token))
         return hit
-
-    @cached_property
-    def _eog_seen(self) -> dict[int, bool]:
-        return {}
 
     def eog_tokens(self) -> list[int]:
         """Every end-of-generation token id, ascending."""

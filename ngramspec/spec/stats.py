@@ -132,7 +132,7 @@ def calibration_line(cal) -> str:
 def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: float,
             draft_n: int = 0, draft_n_accepted: int = 0, cache_n: int = 0,
             prediction: tuple[int, int] | None = None, host_ms: float | None = None,
-            steps: int = 0) -> dict:
+            verify_steps: int = 0) -> dict:
     """llama.cpp's `timings` object (server-common.cpp): prompt_n counts the prompt
     tokens evaluated (cache_n were reused); the generation rate counts the tokens
     after the first, which the prompt's logits give; draft fields only when
@@ -142,7 +142,7 @@ def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: flo
     every prediction token not in the completion, `render.usage`);
     with `host_ms` (the generation steps' wall time outside their decodes' compute:
     drafting, planning, sampling, bookkeeping) `host_ms` and `host_per_step_us` over
-    its `steps` verify steps."""
+    its `verify_steps` steps (decodes, not tokens)."""
     steps = max(n_predicted - 1, 0)
     t = {"cache_n": cache_n, "prompt_n": n_prompt, "prompt_ms": prompt_ms,
          "prompt_per_token_ms": prompt_ms / n_prompt if n_prompt else 0.0,
@@ -155,7 +155,7 @@ def timings(n_prompt: int, prompt_ms: float, n_predicted: int, predicted_ms: flo
         t["draft_n_accepted"] = draft_n_accepted
     if host_ms is not None:
         t["host_ms"] = host_ms
-        t["host_per_step_us"] = host_ms * 1e3 / steps if steps else 0.0
+        t["host_per_step_us"] = host_ms * 1e3 / verify_steps if verify_steps else 0.0
     if prediction is not None:
         t["prediction_n_accepted"] = prediction[1]
         t["prediction_n_rejected"] = prediction[0] - prediction[1]
