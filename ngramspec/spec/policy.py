@@ -23,6 +23,7 @@ token still comes from the target's sampler, so output never depends on it.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -33,7 +34,6 @@ from .cost import MAX_DRAFT, DecodeCost, Shape
 from .draft_trust import DraftTrust
 from .probe import Probe
 from .tracker import CostTracker
-from .drafters import common_prefix
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
 SEQ_PRIOR_WEIGHT = 0.3  # a new sequence starts from the drafter's global stats, scaled down
@@ -104,6 +104,16 @@ def _state_key(sp: Speculation, drafter) -> tuple[str, object]:
     """(drafter name, run state) of a proposal's statistics (`CostPolicy.stats`)."""
     agreement = getattr(drafter, "agreement", None)
     return drafter.name, sp.copying if agreement is None else agreement
+
+
+@functools.lru_cache(maxsize=None)
+def _pick_of(i: int) -> np.ndarray:
+    """DraftOptions.pick when proposal i is the only candidate: i at every K >= 1
+    (shared, read-only)."""
+    pick = np.full(MAX_DRAFT + 1, i)
+    pick[0] = -1
+    pick.flags.writeable = False
+    return pick
 
 
 class CostPolicy:
@@ -177,6 +187,10 @@ class CostPolicy:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}
         rows = [i for i, p in enumerate(props) if id(p) in eligible]
+        if len(rows) == 1:  # one candidate: its own curve, no table (no allocation)
+            d, dr = props[rows[0]]
+            return DraftOptions(props, self.stats(sp, d).expected_tokens()[:len(dr) + 1],
+                                _pick_of(rows[0]))
         k_top = max(len(props[i][1]) for i in rows)
         table = np.full((len(rows), k_top + 1), -np.inf)  # E[tokens | K] per proposal
         for r, i in enumerate(rows):
@@ -190,7 +204,7 @@ class CostPolicy:
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
-        em = np.asarray(emitted, dtype=np.int32)
+        em = emitted
         if sp.committed is not None:
             self.probe.accepted(sp.seq_id, n_accepted)
         if sp.committed is not None and sp.options.expected is not None:
@@ -200,7 +214,9 @@ class CostPolicy:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d, sp.committed[1], n_accepted)
                 continue
-            n, m = min(len(dr), len(em)), common_prefix(dr, em)
+            n, m = min(len(dr), len(em)), 0
+            while m < n and dr[m] == em[m]:  # the agreeing run (em is short: a Python loop)
+                m += 1
             if m < n:  # a miss at m: positions 0..m seen, m accepted
                 self._update(sp, d, len(dr), m)
             elif m > 0:  # all known tokens matched: censored at m
@@ -214,7 +230,8 @@ class CostPolicy:
         verifies (a curve that never saw one is the scaled prior's guess, not worth
         caching), hand the learnt curve to `save` (cost.Calibration.save)."""
         drafted = not self.probe.open and any(s.n_tokens > 1 for s in shapes)
-        predicted = self.cost.seconds(shapes) if drafted else 0.0
+        predicted = self.cost.price(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
+                                    [s.n_kv for s in shapes]) if drafted else 0.0
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)
         self.realized.decode(len(shapes), predicted, seconds, drafted)

@@ -15,16 +15,21 @@ Invariants:
   target model verifies, so a wrong hit costs speed, never correctness.
 - `used` counts non-empty slots exactly; `clear()` empties all and bumps `resets`,
   which per-sequence indexes watch to rebuild themselves.
+- The drafters' three hot operations (`put_windows`, `follow_key`, `find_key`) run in
+  C where native.kernel() has it, else in Python; both compute the same slots and
+  values (tests/test_native_drafting.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from .hashing import MASK64, P, ngram_hash
+from . import native
+from .hashing import MASK64, P, ngram_hash, ngram_hashes
 
 _GOLD = 0x9E3779B97F4A7C15
 _GOLD64 = np.uint64(_GOLD)
 _LOW32 = 0xFFFFFFFF
+_SCALAR_MAX = 256  # Python path: below this many windows a loop beats numpy's set-up
 
 
 def mix_salt(*parts: int) -> int:
@@ -52,6 +57,12 @@ class HashPool:
         self._shift = 64 - self.bits
         self.used = 0
         self.resets = 0
+        self._c = native.kernel()  # drafting.c, or None: the Python reference below
+        self._ptr = self.table.ctypes.data
+        self._out = np.zeros(256, dtype=np.int32)  # follow_key's result buffer (grows)
+        self._out_ptr = self._out.ctypes.data
+        self._hash = np.zeros(1, dtype=np.uint64)  # find_key's hash out-parameter
+        self._hash_ptr = self._hash.ctypes.data
 
     # ----------------------------------------------------------------- reporting
     @property
@@ -171,3 +182,64 @@ class HashPool:
             elif first and (e >> 32) == tag:
                 continue
             mv[i] = (tag << 32) | values[j]
+
+    # ----------------------------------------------------------------- the drafters' calls
+    def put_windows(self, tokens: np.ndarray, n: int, salt: int, values: np.ndarray | None = None,
+                    value0: int = 0, keep: str = "last") -> None:
+        """Window j = tokens[j:j+n] (j < len(tokens) - n + 1) gets values[j] (values None:
+        value0 + j), in order, as `put_ngrams` does (keep="first": a slot already
+        holding the key keeps its value). Without C, a long run goes through `put_many`,
+        which differs only in which of two keys that share a slot keeps it."""
+        count = len(tokens) - n + 1
+        if count <= 0:
+            return
+        if self._c is not None:
+            tokens = _int32(tokens)
+            vals = _int32(values) if values is not None else None
+            self.used += self._c.ngs_put_ngrams(
+                self._ptr, self._shift, salt, tokens.ctypes.data, count, n,
+                vals.ctypes.data if vals is not None else None, value0, keep == "first")
+            return
+        vals = values if values is not None else np.arange(value0, value0 + count, dtype=np.int64)
+        if count <= _SCALAR_MAX:
+            self.put_ngrams(tokens.tolist(), n, salt, vals.tolist(), keep)
+        else:
+            self.put_many(ngram_hashes(tokens, n), salt, vals, keep)
+
+    def follow_key(self, hist: np.ndarray, last: int, n: int, salt: int, max_n: int) -> np.ndarray:
+        """`follow` from the key hist[-(n-1):] + [last] (len(hist) >= n - 1): the chained
+        tokens as a new int32 array."""
+        if self._c is not None:
+            if len(self._out) < max_n:
+                self._out = np.zeros(max_n, dtype=np.int32)
+                self._out_ptr = self._out.ctypes.data
+            hist = _int32(hist)
+            k = self._c.ngs_follow(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
+                                   last, n, max_n, self._out_ptr)
+            return self._out[:k].copy()
+        window = hist[len(hist) - n + 1:].tolist() if n > 1 else []
+        window.append(last)
+        out = self.follow(ngram_hash(window), salt, window, pow(P, n - 1, 1 << 64), max_n)
+        return np.asarray(out, dtype=np.int32)
+
+    def find_key(self, hist: np.ndarray, last: int, n: int, salt: int) -> tuple[int, int]:
+        """(position, key hash) of the key hist[-(n-1):] + [last] (len(hist) >= n - 1):
+        the value stored for it if the n tokens of `hist` there equal the key, else -1."""
+        if self._c is not None:
+            hist = _int32(hist)
+            pos = self._c.ngs_find(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
+                                   last, n, self._hash_ptr)
+            return pos, int(self._hash[0])
+        key = hist[len(hist) - n + 1:].tolist() if n > 1 else []
+        key.append(last)
+        h = ngram_hash(key)
+        pos = self.get(h, salt)
+        ok = 0 <= pos and pos + n <= len(hist) and hist[pos:pos + n].tolist() == key
+        return (pos if ok else -1), h
+
+
+def _int32(a: np.ndarray) -> np.ndarray:
+    """`a` as a contiguous int32 array (itself when it is one: the engine's buffers)."""
+    if a.dtype == np.int32 and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=np.int32)

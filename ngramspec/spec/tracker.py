@@ -18,7 +18,8 @@ class CostTracker:
     """A run's decode-cost model, refined from the decodes the run makes.
 
     Each observed decode (its entries, its seconds) is a measurement of the model.
-    After FIRST_REFITS observations, then every REFIT_EVERY, the coefficients are
+    After FIRST_REFITS observations, then every REFIT_EVERY (every REFIT_EVERY_LATER
+    once SETTLED decodes were seen: a refit is a step's largest host cost), the coefficients are
     refitted by weighted least squares on relative error over the run's decodes, older
     ones fading (half-life HALF_LIFE decodes), plus the prior curve's own predictions
     for the calibration shapes (PRIOR_WEIGHT decodes' worth each), **scaled** by how
@@ -43,6 +44,8 @@ class CostTracker:
     WINDOW = 256  # decodes `slope_seen` looks back over
     HALF_LIFE = 64.0
     REFIT_EVERY = 16
+    REFIT_EVERY_LATER = 64  # after SETTLED decodes: the curve moves slowly (half-life 64)
+    SETTLED = 256
     FIRST_REFITS = (1, 4, 8)  # early refits: a start-up measures nothing, the run corrects the prior
     PRIOR_WEIGHT = 0.05
     SLOPE_SAMPLES = 4  # multi-row decodes in the window for the slope to count as seen
@@ -82,7 +85,8 @@ class CostTracker:
         self._multi[slot] = multi
         self.n_observed += 1
         self._since += 1
-        if self._since >= self.REFIT_EVERY or self.n_observed in self.FIRST_REFITS:
+        every = self.REFIT_EVERY if self.n_observed < self.SETTLED else self.REFIT_EVERY_LATER
+        if self._since >= every or self.n_observed in self.FIRST_REFITS:
             self._since = 0
             self.current = self.refit()
         return self.current

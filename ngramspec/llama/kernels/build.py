@@ -47,6 +47,10 @@ VARIANTS = {
                    ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
     "avx2": ((), ("avx2", "fma", "f16c")),
 }
+#: the flags of a kernel with no intrinsics (native/drafting.c): it runs on any CPU the
+#: compiler targets, so it is compiled as "generic", apart from the instruction-set variants
+GENERIC = "generic"
+GENERIC_CFLAGS = ("-O2", "-shared", "-fPIC")
 _LOCK = threading.Lock()
 _DONE: dict[tuple[str, str], "Built"] = {}
 
@@ -66,7 +70,7 @@ def compiler() -> str:
 
 
 def flags(variant: str) -> tuple[str, ...]:
-    return (*CFLAGS, *VARIANTS[variant][0])
+    return GENERIC_CFLAGS if variant == GENERIC else (*CFLAGS, *VARIANTS[variant][0])
 
 
 def _tag(name: str, variant: str) -> str:

@@ -10,7 +10,7 @@ Invariants:
 - After `sync(seq, hist)`, every start j with j + n + lag <= len(hist) is indexed
   (subject to slot collisions), unless the pool was cleared since, in which case
   `sync` re-indexes the whole history.
-- `find` returns a candidate position only; callers compare tokens before use.
+- `find` returns a position whose n tokens equal the key, or -1 (HashPool.find_key).
 """
 from __future__ import annotations
 
@@ -19,10 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..hashing import ngram_hash, ngram_hashes
 from ..pool import HashPool, mix_salt
 
-_SCALAR_MAX = 256  # below this many new positions, a Python loop beats numpy set-up
 _epochs = itertools.count(1)
 
 
@@ -65,28 +63,18 @@ class SeqIndex:
         start = st.n_indexed
         if stop <= start:
             return
-        n, pool, salt = self.n, self.pool, st.salt
-        if stop - start <= _SCALAR_MAX:
-            pool.put_ngrams(hist[start:stop + n - 1].tolist(), n, salt, range(start, stop),
-                            keep=self.keep)
-        else:
-            hashes = ngram_hashes(hist[start:stop + n - 1], n)
-            pool.put_many(hashes, salt, np.arange(start, stop, dtype=np.int64), keep=self.keep)
+        self.pool.put_windows(hist[start:stop + self.n - 1], self.n, st.salt, value0=start,
+                              keep=self.keep)
         st.n_indexed = stop
 
-    def find(self, seq_id: int, key_hash: int) -> int:
-        return self.pool.get(key_hash, self._state(seq_id).salt)
+    def find(self, seq_id: int, hist: np.ndarray, sampled: int) -> tuple[int, int]:
+        """(position, key hash) of the key hist[-(n-1):] + [sampled] (len(hist) >= n - 1):
+        an indexed start whose n tokens equal the key, or -1."""
+        return self.pool.find_key(hist, sampled, self.n, self._state(seq_id).salt)
 
 
 def key_of(hist: np.ndarray, sampled: int, n: int) -> list[int]:
-    """The current key: the last n tokens of history + sampled."""
+    """The current key: the last n - 1 tokens of history + sampled."""
     key = hist[len(hist) - n + 1:].tolist() if n > 1 else []
     key.append(sampled)
     return key
-
-
-def matches_at(hist: np.ndarray, pos: int, key: list[int]) -> bool:
-    return 0 <= pos and pos + len(key) <= len(hist) and hist[pos:pos + len(key)].tolist() == key
-
-
-__all__ = ["SeqIndex", "key_of", "matches_at", "ngram_hash"]

@@ -33,7 +33,7 @@ import xxhash
 from ...settings.config import NgramMapParams
 from ..pool import HashPool, mix_salt
 from .base import EMPTY
-from .index import SeqIndex, key_of, matches_at, ngram_hash
+from .index import SeqIndex, key_of
 
 NS_FIRST = 0x52
 NS_STATS_K = 0x53
@@ -118,18 +118,16 @@ class _MapBase:
             self._salts.pop((seq_id, ns), None)
 
     def _find(self, seq_id: int, history: np.ndarray, sampled: int):
-        """(key, key hash, match position) or None; also counts the hit."""
+        """(key hash, match position) or None."""
         self._last[seq_id] = None
         n, m = self.n, self.m
         self.index.sync(seq_id, history)
         if len(history) < 2 * n + m:
             return None
-        key = key_of(history, sampled, n)
-        kh = ngram_hash(key)
-        pos = self.index.find(seq_id, kh)
-        if not matches_at(history, pos, key) or pos + n + m > len(history):
+        pos, kh = self.index.find(seq_id, history, sampled)
+        if pos < 0 or pos + n + m > len(history):
             return None
-        return key, kh, pos
+        return kh, pos
 
     def _hits(self, seq_id: int, kh: int) -> int:
         """Increment and return the key's hit count (stored in the pool)."""
@@ -164,7 +162,7 @@ class NgramMapK(_MapBase):
         found = self._find(seq_id, history, sampled)
         if found is None or max_len <= 0:
             return EMPTY
-        _, kh, pos = found
+        kh, pos = found
         if self._hits(seq_id, kh) < self.min_hits:
             return EMPTY
         salt = self._salt(seq_id, self._ns_stats)
@@ -183,10 +181,10 @@ class NgramMapK4V(_MapBase):
         found = self._find(seq_id, history, sampled)
         if found is None or max_len <= 0:
             return EMPTY
-        key, kh, _ = found
+        kh, _ = found
         if self._hits(seq_id, kh) < self.min_hits:
             return EMPTY
-        counts = value_counts(history, key, self.n, self.m)
+        counts = value_counts(history, key_of(history, sampled, self.n), self.n, self.m)
         best = dominant(counts)
         if best < 0:
             return EMPTY

@@ -35,13 +35,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...settings.config import NgramModParams
-from ..hashing import ngram_hash, ngram_hashes, power
 from ..pool import HashPool, mix_salt
 from .base import EMPTY
 
 NS_MOD = 0x56
 CHUNK = 32
-SCALAR_MAX = 256  # below this many n-grams a Python loop beats numpy set-up
 OCCUPANCY_RESET = 0.25
 LOW_ACCEPT = 0.25
 LOW_STREAK = 5
@@ -81,7 +79,6 @@ class NgramMod:
         self.pool = pool
         self.generation = 0
         self.salt = mix_salt(NS_MOD, self.n, self.generation)
-        self._p_old = power(self.n)
         self._seqs: dict[int, _ModSeq] = {}
         self.n_resets = 0  # occupancy + low-acceptance resets of the table
         self.n_refreshes = 0  # low-acceptance streaks handled by re-adding one sequence
@@ -91,12 +88,8 @@ class NgramMod:
         """Add the n-grams starting at [start, stop) of `tokens`, each mapped to the token
         after it, except windows inside the sorted [a, b) ranges of `skip`."""
         for a, b in _gaps(start, stop, skip or []):
-            if b - a <= SCALAR_MAX:
-                self.pool.put_ngrams(tokens[a:b + self.n - 1].tolist(), self.n, self.salt,
-                                     tokens[a + self.n:b + self.n].tolist())
-            else:
-                hashes = ngram_hashes(tokens[a:b + self.n - 1], self.n)
-                self.pool.put_many(hashes, self.salt, tokens[a + self.n:b + self.n])
+            self.pool.put_windows(tokens[a:b + self.n - 1], self.n, self.salt,
+                                  tokens[a + self.n:b + self.n])
 
     def reset_table(self) -> None:
         """Forget every entry of this table (new salt); other namespaces are untouched."""
@@ -128,13 +121,10 @@ class NgramMod:
         if max_len <= 0:
             return EMPTY
         want = max(min(max_len, self.n_max), self.n_min)
-        window = history[L - n + 1:].tolist() if n > 1 else []
-        window.append(sampled)
-        h = ngram_hash(window)
-        out = self.pool.follow(h, self.salt, window, self._p_old, want)
-        if len(out) < self.n_min or not out:
+        out = self.pool.follow_key(history, sampled, n, self.salt, want)
+        if len(out) < self.n_min or not len(out):
             return EMPTY
-        draft = np.asarray(out[:max_len], dtype=np.int32)
+        draft = out[:max_len]
         st.n_draft_last = len(draft)
         st.draft_start = L - n + 1
         return draft

@@ -18,7 +18,7 @@ import numpy as np
 from ...settings.config import NgramMapParams
 from ..pool import HashPool
 from .base import EMPTY
-from .index import SeqIndex, key_of, matches_at, ngram_hash
+from .index import SeqIndex
 
 NS_RECENT = 0x51
 
@@ -39,9 +39,8 @@ class NgramSimple:
             self.index.sync(seq_id, history)
             return EMPTY
         self.index.sync(seq_id, history)
-        key = key_of(history, sampled, n)
-        pos = self.index.find(seq_id, ngram_hash(key))
-        if not matches_at(history, pos, key):
+        pos, _ = self.index.find(seq_id, history, sampled)
+        if pos < 0:
             return EMPTY
         copy = min(m, L - (pos + n))
         if copy < n:

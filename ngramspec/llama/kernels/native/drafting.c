@@ -1,0 +1,91 @@
+/* The drafters' hot loops on the shared hash pool (ngramspec/spec/pool.py), in C.
+ *
+ * Invariant: every function computes exactly what pool.py's Python reference computes
+ * (tests/test_native_drafting.py compares them on random histories): the n-gram hash
+ * of hashing.py (h = h * P + t, modulo 2**64), the slot and tag of HashPool.locate,
+ * a slot written as (tag << 32) | value. Plain C, no instruction-set extension: it is
+ * compiled as the "generic" variant and runs on any CPU the compiler targets.
+ */
+#include <stdint.h>
+
+#define NGS_P 6364136223846793005ULL
+#define NGS_GOLD 0x9E3779B97F4A7C15ULL
+#define NGS_LOW32 0xFFFFFFFFULL
+
+static inline uint64_t ngs_mix(uint64_t h, uint64_t salt) { return (h ^ salt) * NGS_GOLD; }
+static inline uint64_t ngs_tag(uint64_t x) { return ((x >> 8) & NGS_LOW32) | 1ULL; }
+
+/* The value stored for key hash h in namespace salt, or -1. */
+static inline int64_t ngs_get(const uint64_t *table, int shift, uint64_t h, uint64_t salt) {
+    const uint64_t x = ngs_mix(h, salt);
+    const uint64_t e = table[x >> shift];
+    return (e >> 32) == ngs_tag(x) ? (int64_t)(e & NGS_LOW32) : -1;
+}
+
+/* Token i of the key window hist[L-n+1 .. L) + [last]. */
+static inline uint64_t ngs_key_token(const int32_t *hist, int64_t L, int32_t last, int n, int i) {
+    return (uint64_t)(int64_t)(i < n - 1 ? hist[L - n + 1 + i] : last);
+}
+
+static uint64_t ngs_key_hash(const int32_t *hist, int64_t L, int32_t last, int n) {
+    uint64_t h = 0;
+    for (int i = 0; i < n; ++i) h = h * NGS_P + ngs_key_token(hist, L, last, n, i);
+    return h;
+}
+
+/* HashPool.put_ngrams: window j = tokens[j .. j+n) for j < count gets values[j] (values
+ * NULL: value0 + j); with `first`, a slot that already holds the same key keeps its
+ * value. Returns how many empty slots it filled (HashPool.used grows by that). */
+int64_t ngs_put_ngrams(uint64_t *table, int shift, uint64_t salt, const int32_t *tokens,
+                       int64_t count, int n, const int32_t *values, int64_t value0, int first) {
+    if (count <= 0) return 0;
+    uint64_t h = 0, p_old = 1;
+    for (int i = 0; i < n; ++i) h = h * NGS_P + (uint64_t)(int64_t)tokens[i];
+    for (int i = 1; i < n; ++i) p_old *= NGS_P;
+    int64_t filled = 0;
+    for (int64_t j = 0; j < count; ++j) {
+        if (j) h = (h - (uint64_t)(int64_t)tokens[j - 1] * p_old) * NGS_P
+                   + (uint64_t)(int64_t)tokens[j + n - 1];
+        const uint64_t x = ngs_mix(h, salt), tag = ngs_tag(x);
+        uint64_t *slot = &table[x >> shift];
+        if (*slot == 0) ++filled;
+        else if (first && (*slot >> 32) == tag) continue;
+        const uint64_t v = values ? (uint64_t)(uint32_t)values[j] : (uint64_t)(value0 + j);
+        *slot = (tag << 32) | (v & NGS_LOW32);
+    }
+    return filled;
+}
+
+/* ngram-mod's draft (HashPool.follow): from the key hist[L-n+1 .. L) + [last], up to
+ * max_n tokens, each the value stored for the current window, the window rolling on by
+ * it; stops at the first window the pool does not hold. Returns the count, in out. */
+int ngs_follow(const uint64_t *table, int shift, uint64_t salt, const int32_t *hist, int64_t L,
+               int32_t last, int n, int max_n, int32_t *out) {
+    if (L < n - 1 || n < 1) return 0;
+    uint64_t h = ngs_key_hash(hist, L, last, n), p_old = 1;
+    for (int i = 1; i < n; ++i) p_old *= NGS_P;
+    int k = 0;
+    for (; k < max_n; ++k) {
+        const int64_t v = ngs_get(table, shift, h, salt);
+        if (v < 0) break;
+        out[k] = (int32_t)v;
+        const uint64_t gone = k < n ? ngs_key_token(hist, L, last, n, k) : (uint64_t)(int64_t)out[k - n];
+        h = (h - gone * p_old) * NGS_P + (uint64_t)v;
+    }
+    return k;
+}
+
+/* The position index's lookup (SeqIndex.find + matches_at): the position stored for the
+ * key hist[L-n+1 .. L) + [last] if the n tokens there equal the key, else -1; the key's
+ * hash into *hash_out. */
+int64_t ngs_find(const uint64_t *table, int shift, uint64_t salt, const int32_t *hist, int64_t L,
+                 int32_t last, int n, uint64_t *hash_out) {
+    if (L < n - 1 || n < 1) { *hash_out = 0; return -1; }
+    const uint64_t h = ngs_key_hash(hist, L, last, n);
+    *hash_out = h;
+    const int64_t pos = ngs_get(table, shift, h, salt);
+    if (pos < 0 || pos + n > L) return -1;
+    for (int i = 0; i < n; ++i)
+        if ((uint64_t)(int64_t)hist[pos + i] != ngs_key_token(hist, L, last, n, i)) return -1;
+    return pos;
+}

@@ -1,0 +1,91 @@
+"""The C drafting loops (llama/kernels/native/drafting.c) against pool.py's Python reference:
+the same slots, values and counts on random and repetitive histories; and every
+drafter's proposals the same with the C loops on and off."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ngramspec.spec import native
+from ngramspec.spec.drafters import make_drafter
+from ngramspec.spec.pool import HashPool
+
+pytestmark = pytest.mark.skipif(native.kernel() is None,
+                                reason=f"no C drafting here: {native.reason()}")
+
+
+def _pools(monkeypatch, nbytes: int = 1 << 14) -> tuple[HashPool, HashPool]:
+    """(C pool, Python pool) of the same size."""
+    c = HashPool(nbytes)
+    monkeypatch.setenv(native.ENV, "0")
+    py = HashPool(nbytes)
+    monkeypatch.delenv(native.ENV)
+    assert c._c is not None and py._c is None
+    return c, py
+
+
+def _history(rng, length: int, vocab: int) -> np.ndarray:
+    """Random tokens with copied stretches (so keys repeat and chains follow)."""
+    h = rng.integers(0, vocab, length).astype(np.int32)
+    for _ in range(length // 40):
+        a, b = sorted(rng.integers(0, length, 2))
+        n = min(int(rng.integers(5, 40)), length - b)
+        h[b:b + n] = h[a:a + n]
+    return h
+
+
+@pytest.mark.parametrize("keep", ["last", "first"])
+def test_put_windows_fills_the_same_slots(monkeypatch, keep):
+    rng = np.random.default_rng(1)
+    c, py = _pools(monkeypatch)  # 2048 slots: collisions happen
+    for length, n, vocab in [(50, 3, 20), (400, 5, 50), (1200, 2, 9), (3, 3, 5), (2, 4, 5)]:
+        toks = _history(rng, length, vocab)
+        vals = rng.integers(0, 1 << 31, max(length, 1)).astype(np.int32)[:max(length - n + 1, 0)]
+        c.put_windows(toks, n, 77 + n, vals, keep=keep)
+        c.put_windows(toks, n, 99 + n, value0=int(length), keep=keep)
+        py.put_ngrams(toks.tolist(), n, 77 + n, vals.tolist(), keep=keep)  # the reference
+        py.put_ngrams(toks.tolist(), n, 99 + n, range(length, 2 * length), keep=keep)
+        np.testing.assert_array_equal(c.table, py.table)
+        assert c.used == py.used == int(np.count_nonzero(c.table))
+
+
+def test_follow_and_find_agree(monkeypatch):
+    rng = np.random.default_rng(2)
+    c, py = _pools(monkeypatch, 1 << 16)
+    hist = _history(rng, 3000, 40)
+    for n in (1, 2, 4, 8):
+        c.put_windows(hist[:-1], n, n, hist[n:])
+        c.put_windows(hist, n, 100 + n, value0=0, keep="first")
+    py.table[:] = c.table  # the same contents: only the lookups are compared here
+    for L in rng.integers(20, 3000, 200):
+        last = int(hist[L]) if rng.random() < 0.8 else int(rng.integers(0, 40))
+        for n in (1, 2, 4, 8):
+            got = c.follow_key(hist[:L], last, n, n, 64)
+            want = py.follow_key(hist[:L], last, n, n, 64)
+            np.testing.assert_array_equal(got, want)
+            assert got.dtype == np.int32
+            assert c.find_key(hist[:L], last, n, 100 + n) == py.find_key(hist[:L], last, n, 100 + n)
+    pos, _ = c.find_key(hist[:500], int(hist[500]), 4, 104)
+    assert pos < 0 or hist[pos:pos + 4].tolist() == [*hist[497:500].tolist(), int(hist[500])]
+
+
+@pytest.mark.parametrize("name", ["ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v"])
+def test_drafters_propose_the_same(monkeypatch, name):
+    """A drafter's drafts over a generation are the same with the C loops and without."""
+    rng = np.random.default_rng(3)
+    hist = _history(rng, 900, 30)
+    drafts = []
+    for on in (True, False):
+        monkeypatch.setenv(native.ENV, "1" if on else "0")
+        d = make_drafter(name)
+        assert (d.pool._c is not None) == on if hasattr(d, "pool") else True
+        d.begin(0, hist[:300])
+        out = []
+        for L in range(300, 880):
+            draft = d.draft(0, hist[:L], int(hist[L]), 16)
+            out.append(draft.tolist())
+            if len(draft):
+                d.accept(0, int(np.argmax(np.append(draft != hist[L + 1:L + 1 + len(draft)], True))))
+        drafts.append(out)
+    assert drafts[0] == drafts[1]
+    assert sum(map(len, drafts[0])) > 50  # the history's copies were drafted
