@@ -1,14 +1,14 @@
 #!/usr/bin/env python
 """Record reference greedy token streams for the ngramspec benchmark fixtures.
 
-For every workload prompt in ``fixtures/prompts/<name>.txt`` this script loads
+For every workload prompt in ``ngramspec/bench/fixtures/prompts/<name>.txt`` this script loads
 Gemma 3 270M (Q4_K_M GGUF, a base model) into ngramspec's engine, tokenizes
 the prompt (with the model's default BOS handling), and decodes greedily one
 token at a time with speculation off (the batch-invariant context settings of
 docs/exactness.md, so the stream is exactly what every spec type must
 reproduce) until ``--n-predict`` tokens have been produced or the model emits
 an end-of-generation token.  The result is written to
-``fixtures/streams/<name>.json``::
+``ngramspec/bench/fixtures/streams/<name>.json``::
 
     {"name", "model": "gemma3-270m-q4_k_m", "prompt_file", "n_prompt",
      "n_generated", "prompt_tokens", "generated_tokens", "text",
@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PROMPTS_DIR = REPO_ROOT / "fixtures" / "prompts"
-STREAMS_DIR = REPO_ROOT / "fixtures" / "streams"
+PROMPTS_DIR = REPO_ROOT / "ngramspec" / "bench" / "fixtures" / "prompts"
+STREAMS_DIR = REPO_ROOT / "ngramspec" / "bench" / "fixtures" / "streams"
 
 MODEL_ID = "gemma3-270m-q4_k_m"
 N_CTX = 4096

@@ -111,3 +111,20 @@ def test_one_function_builds_a_job():
              for node in ast.walk(ast.parse(p.read_text()))
              if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Job"]
     assert calls == ["ngramspec/jobs/build.py"], calls
+
+
+def test_one_entry_point_and_no_research_tree():
+    """`ngramspec` (and `python -m ngramspec`) is the one way in; finished experiments are
+    a table in docs/experiments.md and their scripts in git's history (issue 55)."""
+    assert not (ROOT / "cli.py").exists()
+    assert not (ROOT / "ngramspec" / "server" / "__main__.py").exists()
+    assert (ROOT / "ngramspec" / "__main__.py").exists()
+    assert not (ROOT / "experiments").exists()
+    assert (ROOT / "docs" / "experiments.md").exists()
+
+
+def test_benchmarks_doc_holds_current_figures_only():
+    """docs/benchmarks.md: current tables and their commands, at most 200 lines; the
+    history goes to docs/benchmarks-history.md."""
+    lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
+    assert len(lines) <= 200, len(lines)

@@ -72,7 +72,7 @@ def test_majority_drops_a_lone_dissenter():
 # Verify cost measured through llama-cpp-python on a 2-core CPU (../shared/REFERENCE.md).
 CPU_CURVE = DecodeCost.fit([([Shape(0, n, n)], t) for n, t in zip(
     [1, 2, 4, 8, 16, 32, 64], [.016, .027, .036, .055, .093, .176, .334])])
-STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+STREAMS = Path(__file__).resolve().parent.parent / "ngramspec" / "bench" / "fixtures" / "streams"
 
 
 def _modelled(stream, types, policy):

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from ngramspec.cli.main import main
 
-STREAMS = Path(__file__).resolve().parent.parent / "fixtures" / "streams"
+STREAMS = Path(__file__).resolve().parent.parent / "ngramspec" / "bench" / "fixtures" / "streams"
 
 
 @pytest.fixture()
@@ -66,7 +66,6 @@ def test_missing_and_malformed_streams(tmp_path):
     assert r.exit_code == 2 and "non-negative integers" in r.output
 
 
-@pytest.mark.skipif(not (STREAMS / "refactor.json").exists(), reason="fixture not recorded")
 def test_llama_drafters_reach_5_tokens_per_step_on_refactor():
     r = run("replay", "--json", "--cost-history", "0", str(STREAMS / "refactor.json"))
     rows = json.loads(r.output)[0]["results"]

@@ -18,7 +18,7 @@ from ngramspec.llama.model import ContextOverflow
 from ngramspec.engine.sampling import SamplingParams, json_grammar
 
 ROOT = Path(__file__).resolve().parent.parent
-FIXTURES = sorted((ROOT / "fixtures" / "prompts").glob("*.txt"))
+FIXTURES = sorted((ROOT / "ngramspec" / "bench" / "fixtures" / "prompts").glob("*.txt"))
 VARIED = [line.replace("\\n", "\n") for line in
           (ROOT / "tests" / "data" / "prompts.txt").read_text().splitlines() if line.strip()]
 GREEDY = SamplingParams(temperature=0.0)

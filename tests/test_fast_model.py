@@ -12,7 +12,7 @@ from ngramspec.engine.generate import generate
 from ngramspec.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "prompts"
+FIXTURES = Path(__file__).resolve().parents[1] / "ngramspec" / "bench" / "fixtures" / "prompts"
 GREEDY = SamplingParams(temperature=0.0)
 
 

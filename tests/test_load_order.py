@@ -97,9 +97,7 @@ def test_generate_maps_llama_before_numpy(tmp_path):
 
 
 def test_server_and_batch_entries_map_llama_before_numpy(tmp_path):
-    _check_llama_first(_run(tmp_path, "import runpy, sys\nsys.argv = ['x', '--help']\n"
-                            "try:\n    runpy.run_module('ngramspec.server', run_name='__main__')\n"
-                            "except SystemExit:\n    pass\n"))
+    _check_llama_first(_run(tmp_path, _cli("serve", "--help")))
     _check_llama_first(_run(tmp_path, _cli("batch", "--help")))
 
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = [sys.executable, "-m", "ngramspec"]
-PROMPT = ROOT / "fixtures" / "prompts" / "refactor.txt"
+PROMPT = ROOT / "ngramspec" / "bench" / "fixtures" / "prompts" / "refactor.txt"
 
 
 def run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:

@@ -27,7 +27,7 @@ from ..spec.oracle import OracleDrafter
 from ..engine.sampling import SamplingParams
 from ..spec.stats import tokens_per_step
 
-FIXTURE_DIR = Path(__file__).resolve().parents[2] / "fixtures" / "prompts"
+FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "prompts"
 GREEDY = SamplingParams(temperature=0.0)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from .generate import read_prompt
-from ..bench.command import print_bench
+from ..bench.command import FIXTURE_DIR, print_bench
 from ..bench.pipeline_table import print_pipeline
 from ..console import err_console, out_console
 from ..engine import flag_values
@@ -22,7 +22,9 @@ from ..settings import click_options
 @click_options.options("bench")
 @click.option("--reps", type=int, default=2, show_default=True, help="runs per mode (interleaved)")
 @click.option("--workloads", default=None,
-              help="comma list of fixture workloads to run (default: all; 'none' for only files)")
+              help="comma list of fixture workloads to run (default: all; 'none' for only "
+                   "files): " + (", ".join(sorted(p.stem for p in FIXTURE_DIR.glob("*.txt")))
+                                 or f"none found in {FIXTURE_DIR}"))
 @click.option("--no-oracle", is_flag=True, help="skip the oracle drafter")
 @click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="write JSON here")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,

@@ -22,7 +22,8 @@ from ..settings import click_options
 @click.option("--json", "as_json", is_flag=True, help="print machine-readable JSON")
 def replay(streams: tuple[str, ...], max_draft: int | None, cost_history: int, as_json: bool,
            **kwargs: Any) -> None:
-    """Measure drafters on recorded token streams (fixtures/streams/*.json), no model needed.
+    """Measure drafters on recorded token streams (ngramspec/bench/fixtures/streams/*.json),
+    no model needed.
 
     Prints, per stream, a table with every drafter (the selected --spec-type
     marked) and the drafter cost at --cost-history tokens of history.

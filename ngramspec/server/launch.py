@@ -129,8 +129,8 @@ def get_health(url: str, timeout: float = 2.0) -> tuple[int, dict | None]:
 
 def start_server(args: list[str], timeout: float = 120.0, env: dict | None = None,
                  log_path: str | None = None,
-                 entry: Sequence[str] = ("-m", "ngramspec.server")) -> ServerProcess:
-    """Run `python ENTRY --host 127.0.0.1 --port P ARGS` (ENTRY: the server module, or a
+                 entry: Sequence[str] = ("-m", "ngramspec", "serve")) -> ServerProcess:
+    """Run `python ENTRY --host 127.0.0.1 --port P ARGS` (ENTRY: `-m ngramspec serve`, or a
     script that runs it) and wait until /health is 200."""
     port = free_port()
     log_path = log_path or f"/tmp/ngramspec-serve-{port}.log"

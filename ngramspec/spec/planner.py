@@ -78,37 +78,40 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
 
 def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
             trust: float) -> list[int]:
+    """Coordinate ascent (module docstring) over the sequences that pass the bound: a
+    sequence i can raise the batch's rate r >= r0 (the plain decode's: the ascent keeps
+    only raises) only if (E_i[1] - 1) > r0 * slope, since E_i[K] - 1 <= K * (E_i[1] - 1)
+    and K more tokens add at least K * slope seconds (slope: `DecodeCost.alone`'s least
+    per-token cost, the marginal row of a batch priced as one sequence's); the others
+    keep K = 0 without being priced."""
     ks = [0] * len(options)
-    active = [i for i, c in enumerate(caps) if c > 0]
-    if not active:
+    if not any(caps):
         return ks
+    cur = [(s.seq_id, s.n_tokens, s.n_logits) for s in base]  # the entries at ks
+    kvs = [s.n_kv for s in base]
     gain = [float(o.expected[0]) if o.expected is not None else 1.0 for o in options]
     total = sum(gain)
-    kvs = [s.n_kv for s in base]
-
-    def seconds(k: list[int]) -> float:
-        return cost.price(tuple((s.seq_id, s.n_tokens + kk, s.n_logits + kk)
-                                for s, kk in zip(base, k)), kvs)
-
-    best = plain = total / seconds(ks)
-    for _ in range(MAX_ROUNDS):
+    best = plain = total / cost.price(tuple(cur), kvs)
+    slope = cost.alone()[2]
+    active = [i for i, c in enumerate(caps)
+              if c > 0 and options[i].expected[1] - options[i].expected[0] > plain * slope]
+    for _ in range(MAX_ROUNDS if active else 0):
         changed = False
         for i in active:
-            e = options[i].expected
+            e, b = options[i].expected, base[i]
+            sid, n0, l0 = b.seq_id, b.n_tokens, b.n_logits
             room = budget - (sum(ks) - ks[i])
-            if len(active) == 1:
-                cands = range(min(caps[i], room) + 1)
-            else:
-                cands = {0, caps[i], *GRID, *(ks[j] for j in active)}
+            cands = (range(min(caps[i], room) + 1) if len(active) == 1
+                     else {0, caps[i], *GRID, *(ks[j] for j in active)})
             pick = ks[i]
             for k in cands:
                 if k == ks[i] or k > caps[i] or k > room or k < 0:
                     continue
-                trial = ks.copy()
-                trial[i] = k
-                r = (total - gain[i] + e[k]) / seconds(trial)
+                cur[i] = (sid, n0 + k, l0 + k)
+                r = (total - gain[i] + e[k]) / cost.price(tuple(cur), kvs)
                 if r > best * (1 + 1e-9):
                     best, pick = r, k
+            cur[i] = (sid, n0 + pick, l0 + pick)
             if pick != ks[i]:
                 total += e[pick] - gain[i]
                 gain[i], ks[i] = float(e[pick]), pick

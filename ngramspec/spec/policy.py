@@ -24,6 +24,7 @@ token still comes from the target's sampler, so output never depends on it.
 from __future__ import annotations
 
 import functools
+import time
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
@@ -33,6 +34,7 @@ from .acceptance import AcceptanceStats
 from .cost import MAX_DRAFT, DecodeCost, Shape
 from .draft_trust import DraftTrust
 from .probe import Probe
+from .rest import Rest
 from .tracker import CostTracker
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
@@ -134,9 +136,43 @@ class CostPolicy:
         self.global_stats: dict[tuple[str, object], AcceptanceStats] = {}  # (drafter, state)
         self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
         self.probe = Probe()  # short drafts while the curve has seen no verify (probe.py)
+        self.rest = Rest()  # whether proposing pays for its host time (rest.py)
+
+    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
+                room: int) -> DraftOptions:
+        """`_options`, its host time counted (Rest); nothing while the policy rests,
+        unless the sequence has drafters of its own (a request's prediction)."""
+        if not self.rest.active and not sp.own:
+            return NO_OPTIONS
+        t0 = time.perf_counter()
+        out = self._options(sp, history, sampled, room)
+        self.rest.spent(time.perf_counter() - t0)
+        return out
 
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
              total_max: int) -> list[int]:
+        t0 = time.perf_counter()
+        ks = self._plan(options, base, per_seq_max, total_max)
+        self.rest.spent(time.perf_counter() - t0)
+        return ks
+
+    def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
+        t0 = time.perf_counter()
+        if sp.committed is not None:
+            self.rest.accepted(n_accepted, sp.committed[1])
+        if sp.options.proposals:
+            self._observe(sp, emitted, n_accepted)
+        else:
+            sp.copying = False
+        self.rest.spent(time.perf_counter() - t0)
+
+    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
+        t0 = time.perf_counter()
+        self._observe_decode(shapes, seconds)
+        self.rest.spent(time.perf_counter() - t0)
+
+    def _plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
+              total_max: int) -> list[int]:
         """The planner's lengths against the current curve and DraftTrust; where they
         draft nothing while the curve has seen no multi-row verify, a probe (probe.py)."""
         self.probe.close()
@@ -179,8 +215,8 @@ class CostPolicy:
         self.stats(sp, drafter).update(offered, accepted)
         self._global(_state_key(sp, drafter)).update(offered, accepted)
 
-    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                room: int) -> DraftOptions:
+    def _options(self, sp: Speculation, history: np.ndarray, sampled: int,
+                 room: int) -> DraftOptions:
         props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
                                  first_only=not self.compare_all, extra=sp.own)
         if not props:
@@ -202,7 +238,7 @@ class CostPolicy:
         expected = table[best, np.arange(k_top + 1)]
         return DraftOptions(props, expected, pick)
 
-    def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
+    def _observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
         em = emitted
         if sp.committed is not None:
@@ -223,15 +259,19 @@ class CostPolicy:
                 self._update(sp, d, m, m)
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
-    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
+    def _observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
         """Refine the cost model from a generation decode (CostTracker) and score a
         drafted decode against the model that planned it (DraftTrust; a probe is not
         scored); once, after SAVE_AFTER decodes and once the curve has seen multi-row
         verifies (a curve that never saw one is the scaled prior's guess, not worth
         caching), hand the learnt curve to `save` (cost.Calibration.save)."""
-        drafted = not self.probe.open and any(s.n_tokens > 1 for s in shapes)
+        verified = any(s.n_tokens > 1 for s in shapes)
+        drafted = not self.probe.open and verified
+        kvs = [s.n_kv for s in shapes]
         predicted = self.cost.price(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
-                                    [s.n_kv for s in shapes]) if drafted else 0.0
+                                    kvs) if drafted else 0.0
+        plain = self.cost.price(tuple((s.seq_id, 1, 1) for s in shapes), kvs) if verified else 0.0
+        self.rest.decode(plain, seconds, len(shapes), verified)
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)
         self.realized.decode(len(shapes), predicted, seconds, drafted)

@@ -1,0 +1,116 @@
+"""Whether the next step proposes drafts at all (`Rest`).
+
+Proposing costs host time on every step (the drafters, the planner, the scoring), and it
+pays back only through drafted decodes that save decode time. Where a decode is fast and
+drafts seldom pay (a small model at several slots, novel text), that host time is the
+whole difference to plain decoding. So the cost policy keeps two decayed sums over its
+*active* steps (the steps that proposed):
+- host: the seconds its own work took (measured around its calls);
+- saved: the decode seconds drafting saved, per drafted decode (accepted draft tokens)
+  x (the plain decode's seconds per sequence) - (measured - the plain decode's modelled
+  seconds): what the same tokens would have cost in plain steps, less the verify's extra.
+While saved < host (after WARMUP active steps), the policy rests: a step proposes nothing
+(spec-off's host path) except one active step every `period()` steps, the period chosen
+so that active steps cost at most SHARE of the decode time. Those keep both sums and the
+acceptance statistics measured. A lone active step sees a copy only as a fresh match (a
+short draft), not as the long drafts that following it earns, so when one of them has a
+draft accepted whole, the policy is active for a trial of TRIAL steps; a trial after
+which saved is still below host doubles the wait before the next one (up to MAX_GAP
+steps), a trial that pays resets it.
+
+Invariants: resting only decides whether a step proposes; emitted tokens never depend on
+it. A run starts active. The sums decay per step (half-life HALF_LIFE steps), so what an
+old phase of the run showed (a novel opening) fades within a few dozen steps.
+"""
+from __future__ import annotations
+
+import math
+
+
+class Rest:
+    HALF_LIFE = 32.0  # steps
+    WARMUP = 16  # active steps measured before the policy may rest
+    SHARE = 0.01  # of the decode time, the most resting's active steps may cost
+    MAX_PERIOD = 32
+    TRIAL = 8  # active steps after a resting step's draft was accepted whole
+    MAX_GAP = 256
+
+    def __init__(self) -> None:
+        self._decay = 0.5 ** (1.0 / self.HALF_LIFE)
+        self.host = 0.0  # decayed host seconds of active steps
+        self.saved = 0.0  # decayed decode seconds saved by their drafts
+        self.decode_s = 0.0  # decayed decode seconds of active steps
+        self.weight = 0.0  # decayed count of active steps
+        self.n_active = 0
+        self.n_rested = 0  # steps that proposed nothing because the policy rested
+        self.active = True  # whether the current step proposes
+        self._since = 0  # steps since the last active one
+        self._open: tuple[float, float, int] | None = None  # plain s, measured s, sequences
+        self._accepted = 0
+        self._step_host = 0.0  # host seconds since the last decode
+        self._trial = 0  # active steps left in a trial
+        self._gap = 0  # steps to wait after a failed trial before the next
+        self._wait = 0  # steps since the last trial ended
+        self._whole = False  # a draft of the last drafted decode was accepted whole
+
+    def spent(self, seconds: float) -> None:
+        """Host seconds of the policy's own work (counted for the step whose decode ends
+        next: its proposals and plan, the scoring of the step before, its observe_decode)."""
+        self._step_host += seconds
+
+    def decode(self, plain_s: float, measured_s: float, n_seqs: int, drafted: bool) -> None:
+        """A generation decode ended the current step (its plain version modelled at
+        plain_s); decide whether the next step proposes."""
+        self._close()
+        d = self._decay
+        self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
+        self.weight *= d
+        if self.active:
+            self.weight += 1.0
+            self.decode_s += measured_s
+            self.host += self._step_host
+            self.n_active += 1
+            if drafted and plain_s > 0 and n_seqs > 0:
+                self._open = (plain_s, measured_s, n_seqs)
+        else:
+            self.n_rested += 1
+        self._step_host = 0.0
+        self._next()
+
+    def accepted(self, n_accepted: int, n_drafted: int) -> None:
+        """One sequence of the last drafted decode had n_accepted of its n_drafted
+        draft tokens accepted."""
+        if self._open is not None:
+            self._accepted += n_accepted
+            self._whole |= 0 < n_drafted == n_accepted
+
+    def period(self) -> int:
+        """Steps per active step while resting: its host cost within SHARE of decoding."""
+        if self.weight <= 0 or self.decode_s <= 0:
+            return 2
+        return max(2, min(self.MAX_PERIOD, math.ceil(self.host / (self.SHARE * self.decode_s))))
+
+    def _close(self) -> None:
+        if self._open is not None:
+            plain_s, measured_s, n_seqs = self._open
+            self.saved += self._accepted * plain_s / n_seqs - (measured_s - plain_s)
+            self._open, self._accepted = None, 0
+
+    def _next(self) -> None:
+        whole, self._whole = self._whole, False
+        pays = self.n_active < self.WARMUP or self.saved >= self.host
+        if self._trial > 0:
+            self._trial -= 1
+            if self._trial == 0:  # the trial's verdict
+                self._gap = 0 if pays else min(self.MAX_GAP, max(2 * self._gap, self.period()))
+                self._wait = 0
+        elif whole and not pays and self._wait >= self._gap:
+            self._trial = self.TRIAL
+        self._wait += 1
+        if pays or self._trial > 0:
+            self.active, self._since = True, 0
+            return
+        self._since += 1
+        self.active = self._since >= self.period()
+        if self.active:
+            self._since = 0

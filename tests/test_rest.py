@@ -1,0 +1,64 @@
+"""Rest (spec/rest.py): a policy whose proposals do not pay for their host time stops
+proposing, samples an active step now and then, and comes back when drafting pays."""
+from __future__ import annotations
+
+from ngramspec.spec.rest import Rest
+
+PLAIN = 0.002  # seconds of a plain decode
+
+
+def _step(rest: Rest, host: float, drafted: bool = False, accepted: int = 0,
+          drafted_len: int = 0, measured: float = PLAIN) -> bool:
+    """One step: the policy's host time, the decode, its sequence's verdict; returns
+    whether the step was active."""
+    was = rest.active
+    rest.spent(host)
+    rest.decode(PLAIN, measured, 1, drafted)
+    if drafted:
+        rest.accepted(accepted, drafted_len)
+    return was
+
+
+def test_proposals_that_never_pay_rest_within_one_percent():
+    rest = Rest()
+    active = [_step(rest, host=0.0004) for _ in range(400)]
+    assert all(active[:Rest.WARMUP])  # a run starts active
+    late = active[200:]
+    assert 0 < sum(late) <= len(late) / 10  # a few sampled active steps
+    # the sampled steps' host time is within SHARE of the decode time
+    assert sum(late) * 0.0004 <= 2 * Rest.SHARE * PLAIN * len(late)
+    assert rest.n_rested > 300
+
+
+def test_drafts_that_pay_keep_the_policy_active():
+    rest = Rest()
+    active = [_step(rest, host=0.0004, drafted=True, accepted=4, drafted_len=5,
+                    measured=PLAIN * 1.3) for _ in range(300)]
+    assert all(active)
+    assert rest.saved > rest.host
+
+
+def test_a_copy_found_while_resting_starts_a_trial_and_stays_if_it_pays():
+    rest = Rest()
+    for _ in range(100):
+        _step(rest, host=0.0004)
+    assert not rest.active or rest.n_rested > 0
+    # the copy begins: every active step now has its draft accepted whole
+    active = [_step(rest, host=0.0004, drafted=rest.active, accepted=8, drafted_len=8,
+                    measured=PLAIN * 1.5) for _ in range(120)]
+    first = active.index(True)
+    assert first <= Rest.MAX_PERIOD
+    assert all(active[first + 2 * Rest.TRIAL:])  # the trial paid: active from then on
+
+
+def test_a_trial_that_does_not_pay_waits_longer_before_the_next():
+    rest = Rest()
+    for _ in range(100):
+        _step(rest, host=0.001)
+    trials = []
+    for i in range(600):  # whole but tiny drafts that cost more than they save
+        a = _step(rest, host=0.001, drafted=rest.active, accepted=1, drafted_len=1,
+                  measured=PLAIN * 1.6)
+        trials.append(a)
+    assert sum(trials[300:]) < sum(trials[:300])  # the gap grew
+    assert sum(trials[300:]) <= 300 / 4
