@@ -160,10 +160,7 @@ class CostPolicy:
         t0 = time.perf_counter()
         if sp.committed is not None:
             self.rest.accepted(n_accepted, sp.committed[1])
-        if sp.options.proposals:
-            self._observe(sp, emitted, n_accepted)
-        else:
-            sp.copying = False
+        self._observe(sp, emitted, n_accepted)
         self.rest.spent(time.perf_counter() - t0)
 
     def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
