@@ -128,3 +128,14 @@ def test_benchmarks_doc_holds_current_figures_only():
     history goes to docs/benchmarks-history.md."""
     lines = (ROOT / "docs" / "benchmarks.md").read_text().splitlines()
     assert len(lines) <= 200, len(lines)
+
+
+def test_no_tool_writes_the_systems_package_sources():
+    """Set-up, tests and CI install into private prefixes: nothing writes /etc/apt (issue 55)."""
+    import re
+
+    writes = re.compile(r"(>|tee|cp|mv|rm|sed -i)[^\n]*/etc/apt")
+    found = [str(p.relative_to(ROOT)) for d in ("tests", "scripts", ".ci") for p in (ROOT / d).rglob("*")
+             if p.is_file() and p.suffix in ("", ".sh", ".py") and p.name != "test_architecture.py"
+             and writes.search(p.read_text(errors="replace"))]
+    assert not found, found

@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_a_vulkan_build_runs_exact_on_the_cpu_or_refuses():
-    if shutil.which("apt-get") is None and shutil.which("glslc") is None:
-        pytest.skip("no glslc and no apt-get to install it")
+    if shutil.which("apt-get") is None:
+        pytest.skip("no apt-get: the check fetches Debian's Vulkan packages into a private prefix")
     p = subprocess.run(["bash", str(ROOT / "tests" / "vulkan_check.sh")], capture_output=True,
                        text=True, cwd=ROOT, timeout=4 * 3600)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]

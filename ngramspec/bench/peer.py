@@ -32,8 +32,8 @@ class LlamaServerPeer:
                  threads: int = 2, extra: list[str] | None = None, timeout_s: float = 180,
                  n_parallel: int = 1):
         if not Path(binary).is_file() or not os.access(binary, os.X_OK):
-            raise NgramSpecError(f"--llama-server {binary} is not an executable file; build one "
-                                 "with ../shared/tools/build-llama-server.sh")
+            raise NgramSpecError(f"--llama-server {binary} is not an executable file; "
+                                 "docs/benchmarks.md says how to build one")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(self.port),

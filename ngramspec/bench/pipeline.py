@@ -31,6 +31,7 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Callable, Sequence
 
+from .command import split_mode
 from .corpus import Document, documents, interleave
 from .prompt_checks import prompt_checks
 from .servers import Row, Servers, Started, start_llama_server, start_ngramspec
@@ -146,12 +147,20 @@ def collect(server: str, mode: str, slots: int, docs: Sequence[Document], wall: 
 
 def mode_body(mode: str) -> dict:
     """The request fields of one ngramspec mode: the server's default ("auto"), "off",
-    "oracle" (a prediction of the exact output, nothing else drafts) or a spec type."""
+    "oracle" (a prediction of the exact output, nothing else drafts) or a spec type
+    (`TYPE:POLICY`: the policy is its server's flag, `server_of`)."""
     if mode == "auto":
         return {}
     if mode in ("off", "oracle", "prefill"):
         return {"speculative": {"type": "none"}}
-    return {"speculative": {"type": mode}}
+    return {"speculative": {"type": split_mode(mode)[0]}}
+
+
+def server_of(mode: str) -> str:
+    """The starter of an own mode's server: "ngramspec", or "ngramspec:POLICY" for a
+    `TYPE:POLICY` mode (a server started with --draft-policy POLICY)."""
+    policy = split_mode(mode)[1]
+    return f"ngramspec:{policy}" if policy else "ngramspec"
 
 
 def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_checks: bool,
@@ -164,7 +173,7 @@ def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_
     def one_round(i: int) -> list[Row]:
         modes = [*own_modes[:1], "prefill", *own_modes[1:]]
         ours = [Row("ngramspec", m, "ngramspec" if m in ("off", "prefill")
-                    else f"ngramspec#{m}@{i}") for m in modes]
+                    else f"{server_of(m)}#{m}@{i}") for m in modes]
         peers = [Row("llama-server", "off" if t == "none" else t,
                      "llama-server:none" if t == "none" else f"llama-server:{t}@{i}")
                  for t in (["none", *peer_types] if peer_types is not None else [])]
@@ -361,6 +370,9 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
     path = model or default_model_path()
     for n in parallel:
         starters = {"ngramspec": lambda n=n: start_ngramspec(n, threads, slot_ctx, model, server_args)}
+        for policy in {split_mode(m)[1] for m in own_types} - {None}:
+            starters[f"ngramspec:{policy}"] = lambda n=n, p=policy: start_ngramspec(
+                n, threads, slot_ctx, model, [*server_args, "--draft-policy", p])
         for t in ["none", *peer_types] if llama_server else []:
             starters[f"llama-server:{t}"] = lambda t=t, n=n: start_llama_server(
                 llama_server, path, t, n, threads, slot_ctx, peer_args)

@@ -42,7 +42,8 @@ from ..settings import click_options
               show_default=True, help="pipeline mode: llama-server spec types to run")
 @click.option("--own-types", default="ngram-mod,ngram-simple", show_default=True,
               help="pipeline mode: ngramspec's fixed spec types to run beside auto ('none': "
-                   "only off, auto and the oracle)")
+                   "only off, auto and the oracle); TYPE:fixed runs TYPE on a server with "
+                   "--draft-policy fixed (llama.cpp's lengths)")
 @click.option("--rounds", type=int, default=1, show_default=True,
               help="pipeline mode: run every configuration this many times, interleaved "
                    "(forward, backward, ...), every server loaded and all but the timed one "

@@ -1,11 +1,13 @@
 """llama-server-compatible HTTP server for ngramspec (`ngramspec serve`).
 
-Modules: settings (ServerSettings, defined once), types (request bodies),
-errors (the one exception -> error-body mapping), scheduler (slots, the engine
-thread), chat (templates), metrics (Prometheus text), state (ServerState and the
-route dependencies), prepare (request -> job), run (jobs on the scheduler from the
-event loop; disconnects), render (response JSON), routes_native / routes_openai
-(the endpoints), app (create_app), command (the click command).
+Modules: command (the click command), settings (ServerSettings), app (create_app),
+routes_native / routes_openai (the endpoints), prepare and sampling_request (request ->
+job), run (jobs on the scheduler from the event loop; disconnects), render and probs
+(response JSON), embeddings, slot_actions (slot save, restore, erase), metrics
+(Prometheus text), state (ServerState and the route dependencies), errors (an exception
+-> its error body), cors and cors_proxy, protocol (uvicorn's HTTP/1.1 protocol with two
+fixes), launch (a server process for bench and tests). Request types, jobs and the
+slot scheduler are the jobs/ layer's.
 """
 from __future__ import annotations
 

@@ -148,8 +148,10 @@ def _said(name: str, error: str, remembered: str) -> Built:
     """A new failure: printed once (stderr), with the compiler's message."""
     lines = error.splitlines()
     shown = "\n  ".join(lines[:12] + ([f"... ({len(lines) - 12} more lines)"] if len(lines) > 12 else []))
-    print(f"ngramspec: the C kernel {name} did not compile; llama.cpp's own kernels run "
-          f"instead.\n  {shown}", file=sys.stderr)
+    instead = ("the Python code runs" if name.endswith(f"({GENERIC})")
+               else "llama.cpp's own kernels run")
+    print(f"ngramspec: the C kernel {name} did not compile; {instead} instead.\n  {shown}",
+          file=sys.stderr)
     return Built(None, f"its compilation failed ({lines[0][:160] if lines else error})", remembered)
 
 
