@@ -17,9 +17,9 @@ from .settings.config import (
     SpecConfig,
     parse_spec_types,
 )
-from .spec.drafters import Drafter, DrafterChain, make_drafter
+from .speculative.drafters import Drafter, DrafterChain, make_drafter
 from .errors import ConfigError, NgramSpecError, TokenError
-from .spec.pool import HashPool
+from .speculative.pool import HashPool
 
 __version__ = "0.1.0"
 __all__ = ["ConfigError", "Drafter", "DrafterChain", "HashPool", "NgramMapParams",

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 
 from .settings.config import SpecConfig, spec_config_from_options
-from .spec.drafters import DrafterChain, common_prefix
-from .spec.policy import FixedPolicy
-from .spec.speculation import Speculation
+from .speculative.drafters import DrafterChain, common_prefix
+from .speculative.policy import FixedPolicy
+from .speculative.speculation import Speculation
 
 try:  # the base class, when llama-cpp-python is installed (it is a dependency)
     from llama_cpp.llama_speculative import LlamaDraftModel
@@ -42,7 +42,7 @@ class NgramDraftModel(LlamaDraftModel):
             raise ConfigError("NgramDraftModel needs concrete spec types (e.g. 'ngram-mod'), "
                               "not 'auto' or 'none'")
         self.chain = DrafterChain(cfg)
-        self.spec = Speculation(0, self.chain, FixedPolicy())
+        self.speculation = Speculation(0, self.chain, FixedPolicy())
         self.num_pred_tokens = num_pred_tokens
         self._prev: np.ndarray | None = None
         self._draft = np.zeros(0, dtype=np.int32)
@@ -54,14 +54,14 @@ class NgramDraftModel(LlamaDraftModel):
         prev = self._prev
         if prev is None or len(ids) <= len(prev) or not np.array_equal(ids[:len(prev)], prev):
             if prev is not None:
-                self.spec.end()
-            self.spec.begin(ids[:-1])
+                self.speculation.end()
+            self.speculation.begin(ids[:-1])
         else:
             new = ids[len(prev):]
             n_acc = common_prefix(self._draft, new)
-            self.spec.settle(new[:n_acc + 1].tolist(), n_acc)
-        opts = self.spec.plan(ids[:-1], int(ids[-1]), self.num_pred_tokens)
-        self._draft = self.spec.commit(opts.k_max)
+            self.speculation.settle(new[:n_acc + 1].tolist(), n_acc)
+        opts = self.speculation.plan(ids[:-1], int(ids[-1]), self.num_pred_tokens)
+        self._draft = self.speculation.commit(opts.k_max)
         self._prev = ids.copy()
         return self._draft.astype(np.intc)
 

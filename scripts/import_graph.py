@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1] / "ngramspec"
 #: each layer's rank, lowest first: a folder under ngramspec/, a module at its top, or
 #: "ngramspec" (the package's __init__, its library API)
-RANK = {"errors": 0, "console": 0, "settings": 1, "llama": 2, "spec": 3, "engine": 4,
+RANK = {"errors": 0, "console": 0, "settings": 1, "llama": 2, "speculative": 3, "engine": 4,
         "jobs": 5, "adapter": 5, "doctor": 5, "ngramspec": 5, "server": 6, "batch": 6,
         "bench": 7, "cli": 8, "__main__": 9}
 

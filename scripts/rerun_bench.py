@@ -145,10 +145,10 @@ def bounds(v2: Path, first: dict, cold: dict, args) -> None:
     from ngramspec.bench.replay import replay_batch
     from ngramspec.engine.runtime import EngineSettings, load_engine
     from ngramspec.settings.config import AUTO, SpecConfig
-    from ngramspec.spec.drafters.chains import Chains
-    from ngramspec.spec.drafters.prediction import PredictionDrafter
-    from ngramspec.spec.policy import CostPolicy
-    from ngramspec.spec.pool import HashPool
+    from ngramspec.speculative.drafters.chains import Chains
+    from ngramspec.speculative.drafters.prediction import PredictionDrafter
+    from ngramspec.speculative.policy import CostPolicy
+    from ngramspec.speculative.pool import HashPool
 
     spec = SpecConfig().with_types(AUTO)
     eng = load_engine(EngineSettings(None, n_ctx=4096 * args.parallel, threads=args.threads,

@@ -97,11 +97,11 @@ def test_the_layers_are_folders_and_the_rank_rule_holds():
     graph = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(graph)
     ok, bad = graph.allowed, lambda a, b: not graph.allowed(a, b)
-    assert ok("ngramspec.engine.engine", "ngramspec.spec.planner")
+    assert ok("ngramspec.engine.engine", "ngramspec.speculative.planner")
     assert ok("ngramspec.server.__main__", "ngramspec.cli.main")
     assert bad("ngramspec.batch.runner", "ngramspec.server.prepare")  # one rank, two layers
     assert bad("ngramspec.jobs.build", "ngramspec.batch.records")
-    assert bad("ngramspec.llama.context", "ngramspec.spec.cost")  # upwards
+    assert bad("ngramspec.llama.context", "ngramspec.speculative.cost")  # upwards
     assert bad("ngramspec.bench.pipeline", "ngramspec.cli.bench")
 
 
@@ -139,3 +139,16 @@ def test_no_tool_writes_the_systems_package_sources():
              if p.is_file() and p.suffix in ("", ".sh", ".py") and p.name != "test_architecture.py"
              and writes.search(p.read_text(errors="replace"))]
     assert not found, found
+
+
+def test_one_word_per_type():
+    """The speculation package is `speculative/` (no folder a test tool takes for specs),
+    a sequence's Speculation is `.speculation`, and `spec` is a SpecConfig (issue 55)."""
+    assert not (ROOT / "ngramspec" / "spec").exists()
+    assert (ROOT / "ngramspec" / "speculative" / "speculation.py").exists()
+    for path in (ROOT / "ngramspec").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                    and getattr(node.value.func, "id", "") == "Speculation"):
+                names = [getattr(t, "attr", getattr(t, "id", "")) for t in node.targets]
+                assert "spec" not in names, f"{path}: a Speculation named spec"

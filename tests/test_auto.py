@@ -6,11 +6,11 @@ import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
 from ngramspec.settings.config import SPEC_TYPES
-from ngramspec.spec.cost import DecodeCost, Shape
-from ngramspec.spec.drafters import DrafterChain, NgramSimple
-from ngramspec.spec.memory import plan_auto
-from ngramspec.spec.policy import CostPolicy, FixedPolicy, majority
-from ngramspec.spec.pool import HashPool
+from ngramspec.speculative.cost import DecodeCost, Shape
+from ngramspec.speculative.drafters import DrafterChain, NgramSimple
+from ngramspec.speculative.memory import plan_auto
+from ngramspec.speculative.policy import CostPolicy, FixedPolicy, majority
+from ngramspec.speculative.pool import HashPool
 from ngramspec.bench.replay import load_stream, replay_policy
 
 
@@ -103,7 +103,7 @@ def test_auto_on_recorded_summary_beats_every_fixed_type():
 def _observe(policy, sp, drafter, n_draft, n_acc, copying):
     """One verify step of `sp` in the given run state: a committed draft of n_draft
     tokens of which n_acc were accepted."""
-    from ngramspec.spec.speculation import DraftOptions
+    from ngramspec.speculative.speculation import DraftOptions
 
     sp.copying = copying
     draft = np.arange(n_draft, dtype=np.int32)
@@ -117,7 +117,7 @@ def test_cost_policy_keeps_copy_and_fresh_statistics_apart():
     """Drafts that follow a copy (the previous draft accepted whole) and drafts found
     afresh are scored separately: the same drafter drafts long while copying and
     short after novel text, where its matches break early."""
-    from ngramspec.spec.speculation import Speculation
+    from ngramspec.speculative.speculation import Speculation
 
     d = NgramSimple(NgramMapParams(size_n=3, size_m=32), HashPool(1 << 20))
     policy = CostPolicy(CPU_CURVE, compare_all=True)
@@ -144,7 +144,7 @@ def test_first_copy_state_starts_from_what_the_sequence_learnt_fresh():
     """On a cold server (no global statistics) the copy state does not start from the
     bare prior: it takes the sequence's fresh statistics, so the first copy ramps up
     as fast as with one set of statistics."""
-    from ngramspec.spec.speculation import Speculation
+    from ngramspec.speculative.speculation import Speculation
 
     d = NgramSimple(NgramMapParams(size_n=3, size_m=32), HashPool(1 << 20))
     policy = CostPolicy(CPU_CURVE, compare_all=True)

@@ -29,11 +29,11 @@ def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkey
     """First start: nothing measured (the default curve); the curve the run learns is
     cached after CostPolicy.SAVE_AFTER decodes, once it has seen verifies (a repeating
     text: drafts from the start); later starts reuse it and never rewrite it."""
-    from ngramspec.spec.cost import cache_path
+    from ngramspec.speculative.cost import cache_path
     from ngramspec.engine.generate import generate
     from ngramspec.engine.sampling import SamplingParams
 
-    from ngramspec.spec.policy import CostPolicy
+    from ngramspec.speculative.policy import CostPolicy
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 8)  # a short generation is enough here
@@ -95,8 +95,8 @@ def test_a_curve_that_never_saw_a_verify_is_not_cached(threads, tmp_path, monkey
     (probes are budgeted, so few): the scaled prior's guess is not written to the cache."""
     from ngramspec.engine.generate import generate
     from ngramspec.engine.sampling import SamplingParams
-    from ngramspec.spec.cost import cache_path
-    from ngramspec.spec.policy import CostPolicy
+    from ngramspec.speculative.cost import cache_path
+    from ngramspec.speculative.policy import CostPolicy
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(CostPolicy, "SAVE_AFTER", 24)

@@ -4,8 +4,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from ngramspec.spec.acceptance import AcceptanceStats, best_length
-from ngramspec.spec.cost import DecodeCost, Shape
+from ngramspec.speculative.acceptance import AcceptanceStats, best_length
+from ngramspec.speculative.cost import DecodeCost, Shape
 
 
 def stats_with(p_accept: float, n: int = 200) -> AcceptanceStats:
@@ -96,7 +96,7 @@ def test_ragged_logit_counts_are_priced_with_the_contexts_quantum():
 
 @pytest.mark.parametrize("streams,quantum", [(False, 2), (True, 2), (False, 4), (True, 4)])
 def test_fit_recovers_the_coefficients(streams, quantum):
-    from ngramspec.spec.cost import calibration_shapes
+    from ngramspec.speculative.cost import calibration_shapes
 
     layout = {"per_seq_streams": streams, "logit_quantum": quantum}
     true = DecodeCost(0.012, 0.0025, 0.0031, 0.0008, per_odd=0.004, per_multi=0.0085, **layout)
@@ -131,7 +131,7 @@ def _fake_measure(per_token_s, calls):
 
 def _cache_curve(tmp_path, monkeypatch, cost: DecodeCost) -> None:
     """A cached curve for key "m", as an earlier run would have left it."""
-    from ngramspec.spec.cost import save_curve
+    from ngramspec.speculative.cost import save_curve
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     save_curve("m", cost)
@@ -144,7 +144,7 @@ def _cache_bytes(tmp_path) -> bytes:
 def test_first_start_measures_nothing_and_caches_once(tmp_path, monkeypatch):
     """No cached curve: the run starts from the default curve without measuring; nothing
     is written until the run hands its learnt curve to `save`, which writes it once."""
-    from ngramspec.spec.cost import DEFAULT_COEF, load_or_calibrate
+    from ngramspec.speculative.cost import DEFAULT_COEF, load_or_calibrate
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     calls: list = []
@@ -161,7 +161,7 @@ def test_first_start_measures_nothing_and_caches_once(tmp_path, monkeypatch):
 
 
 def test_cached_curve_is_reused_without_measuring(tmp_path, monkeypatch):
-    from ngramspec.spec.cost import load_or_calibrate
+    from ngramspec.speculative.cost import load_or_calibrate
 
     true = DecodeCost(0.012, 0.001, 0.006, **LAYOUT)
     _cache_curve(tmp_path, monkeypatch, true)
@@ -172,7 +172,7 @@ def test_cached_curve_is_reused_without_measuring(tmp_path, monkeypatch):
 
 
 def test_refresh_measures_in_full_and_rewrites(tmp_path, monkeypatch):
-    from ngramspec.spec.cost import load_or_calibrate
+    from ngramspec.speculative.cost import load_or_calibrate
 
     _cache_curve(tmp_path, monkeypatch, DecodeCost(0.05, 0.004, 0.004, **LAYOUT))
     calls: list = []
@@ -185,7 +185,7 @@ def test_refresh_measures_in_full_and_rewrites(tmp_path, monkeypatch):
 def _run_decodes(tracker, true: DecodeCost, n: int, rng, noise: float = 0.0) -> None:
     """`n` decodes as a 1-slot run makes them (mostly 1 token, some drafts), timed by
     `true` (each up to `noise` slower at random)."""
-    from ngramspec.spec.cost import Shape
+    from ngramspec.speculative.cost import Shape
 
     for _ in range(n):
         k = int(rng.choice([1, 1, 1, 1, 2, 8, 17, 33]))
@@ -198,8 +198,8 @@ def test_cached_curve_from_a_busy_machine_is_corrected_within_a_few_decodes(tmp_
     """A curve recorded under heavy load (~3x slow): the run's first decodes correct it
     (the first refits come after CostTracker.FIRST_REFITS decodes); nothing is measured
     at start-up and the cache is not rewritten."""
-    from ngramspec.spec.cost import load_or_calibrate
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.cost import load_or_calibrate
+    from ngramspec.speculative.tracker import CostTracker
 
     _cache_curve(tmp_path, monkeypatch, DecodeCost(0.05, 0.004, 0.004, **LAYOUT))
     before = _cache_bytes(tmp_path)
@@ -216,7 +216,7 @@ def test_cached_curve_wrong_for_one_token_decodes_is_corrected():
     """A model whose 8- and 32-token predictions are close but whose 1-token decode (the
     most frequent one) is 40% too slow is corrected by the run's first decodes (found in
     a run: a curve calibrated while the machine was busy predicted 21.7 ms for 14.4)."""
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.tracker import CostTracker
 
     true = DecodeCost(0.012, 0.001, 0.006)
     stale = DecodeCost(0.012 + 0.009, 0.001, 0.0055, **LAYOUT)  # +40% at 1 token
@@ -231,8 +231,8 @@ def test_noisy_starts_never_measure_or_rewrite(tmp_path, monkeypatch):
     """Ten start-ups on a noisy machine (every decode up to 60% slower at random): none
     measures anything, the cache is never rewritten, and each run's curve still
     follows its decodes."""
-    from ngramspec.spec.cost import load_or_calibrate
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.cost import load_or_calibrate
+    from ngramspec.speculative.tracker import CostTracker
 
     true = DecodeCost(0.012, 0.001, 0.006, **LAYOUT)
     _cache_curve(tmp_path, monkeypatch, true)
@@ -251,10 +251,10 @@ def test_tracker_picks_up_a_changed_machine_within_a_run():
     """The run's decodes refine the curve: after the machine's per-token cost doubles
     (a neighbour takes a core), the tracker's t(K) follows within 64 decodes, and the
     planner picks shorter drafts for the same acceptance statistics."""
-    from ngramspec.spec.cost import Shape
-    from ngramspec.spec.tracker import CostTracker
-    from ngramspec.spec.planner import plan
-    from ngramspec.spec.speculation import DraftOptions
+    from ngramspec.speculative.cost import Shape
+    from ngramspec.speculative.tracker import CostTracker
+    from ngramspec.speculative.planner import plan
+    from ngramspec.speculative.speculation import DraftOptions
 
     before = DecodeCost(0.012, 0.001, 0.006)
     after = DecodeCost(0.012, 0.004, 0.012)
@@ -278,8 +278,8 @@ def test_tracker_picks_up_a_changed_machine_within_a_run():
 
 def test_tracker_keeps_the_prior_where_the_run_shows_nothing():
     """Only 1-token decodes observed: the per-token cost of long drafts stays the prior's."""
-    from ngramspec.spec.cost import Shape
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.cost import Shape
+    from ngramspec.speculative.tracker import CostTracker
 
     prior = DecodeCost(0.012, 0.001, 0.006)
     tr = CostTracker(prior)
@@ -292,8 +292,8 @@ def test_prior_is_scaled_to_a_faster_backend_from_one_token_decodes():
     """A backend ten times faster than the prior's machine that only ever shows one-token
     decodes: the tracker keeps the prior's shape at a tenth of its price (verifies priced
     at the prior's constants would look ten times too dear, and never be tried)."""
-    from ngramspec.spec.cost import DEFAULT_COEF, Shape
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.cost import DEFAULT_COEF, Shape
+    from ngramspec.speculative.tracker import CostTracker
 
     prior = DecodeCost(**DEFAULT_COEF, **LAYOUT)
     tr = CostTracker(prior)
@@ -306,8 +306,8 @@ def test_prior_is_scaled_to_a_faster_backend_from_one_token_decodes():
 
 
 def test_slope_is_seen_after_enough_verifies_and_forgotten_after_the_window():
-    from ngramspec.spec.cost import Shape
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.cost import Shape
+    from ngramspec.speculative.tracker import CostTracker
 
     true = DecodeCost(0.012, 0.001, 0.006)
     tr = CostTracker(true)
@@ -322,7 +322,7 @@ def test_slope_is_seen_after_enough_verifies_and_forgotten_after_the_window():
 def test_refit_follows_a_changed_machine_incrementally():
     """The incremental fit (normal equations, decayed) gives what a fit of the recent
     decodes gives: after 200 decodes on a new machine, t(K) is that machine's."""
-    from ngramspec.spec.tracker import CostTracker
+    from ngramspec.speculative.tracker import CostTracker
 
     tr = CostTracker(DecodeCost(0.012, 0.001, 0.006))
     true = DecodeCost(0.004, 0.0002, 0.0009)

@@ -28,7 +28,7 @@ WARM = SamplingParams(temperature=0.9, top_k=40, seed=7)
 
 @pytest.fixture(scope="module")
 def draft(model, threads):
-    from ngramspec.spec.draft_model import DraftModelDrafter
+    from ngramspec.speculative.draft_model import DraftModelDrafter
     from ngramspec.llama.context import Context, ContextParams
 
     dctx = Context(model, ContextParams(n_ctx=4096, n_threads=threads, batch_invariant=False))

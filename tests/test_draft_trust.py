@@ -5,11 +5,11 @@ import math
 
 import numpy as np
 
-from ngramspec.spec.cost import DecodeCost, Shape
-from ngramspec.spec.draft_trust import DECAY, PRIOR, DraftTrust, bucket
-from ngramspec.spec.planner import plan
-from ngramspec.spec.policy import CostPolicy
-from ngramspec.spec.speculation import DraftOptions
+from ngramspec.speculative.cost import DecodeCost, Shape
+from ngramspec.speculative.draft_trust import DECAY, PRIOR, DraftTrust, bucket
+from ngramspec.speculative.planner import plan
+from ngramspec.speculative.policy import CostPolicy
+from ngramspec.speculative.speculation import DraftOptions
 
 CPU8 = DecodeCost(0.010, 0.0013, 0.004, per_seq_streams=True)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from ngramspec import HashPool, NgramMapParams, NgramModParams, SpecConfig
-from ngramspec.spec.drafters import (DrafterChain, NgramMapK, NgramMapK4V, NgramMod, NgramSimple,
+from ngramspec.speculative.drafters import (DrafterChain, NgramMapK, NgramMapK4V, NgramMod, NgramSimple,
                                 dominant, value_counts)
 
 
@@ -348,8 +348,8 @@ def test_chains_count_once_and_keep_counts_past_eviction(monkeypatch):
     """Every chain of an engine counts into one dict per drafter name; an evicted
     chain's counts stay, and the accepted-per-position histogram spans the
     positions offered."""
-    from ngramspec.spec.drafters import chains as chains_mod
-    from ngramspec.spec.stats import total
+    from ngramspec.speculative.drafters import chains as chains_mod
+    from ngramspec.speculative.stats import total
 
     monkeypatch.setattr(chains_mod, "MAX_CONFIGS", 1)
     cs = chains_mod.Chains(HashPool(1 << 16))
@@ -382,7 +382,7 @@ def test_chain_applies_draft_max_and_draft_min():
 def test_stats_lines_have_llama_cpp_shape():
     s = DrafterChain(SpecConfig(types=("ngram-mod",))).stats["ngram-mod"]
     s.n_gen_tokens, s.n_acc_tokens = 297, 171
-    from ngramspec.spec.stats import acceptance_line
+    from ngramspec.speculative.stats import acceptance_line
     assert acceptance_line(171, 297) == \
         "draft acceptance rate = 0.57576 (  171 accepted /   297 generated)"
     assert s.line().startswith("statistics ngram_mod: #calls(b,g,a) = 0 0 0, #gen drafts = 0")
@@ -391,7 +391,7 @@ def test_stats_lines_have_llama_cpp_shape():
 def test_timings_host_time_is_per_verify_step_not_per_token():
     """`host_per_step_us` divides the host time by the decodes (verify steps) that
     emitted the tokens, not by the tokens: 100 tokens in 20 steps, 4 ms of host time."""
-    from ngramspec.spec.stats import timings
+    from ngramspec.speculative.stats import timings
 
     t = timings(10, 5.0, 100, 200.0, host_ms=4.0, verify_steps=20)
     assert t["host_ms"] == 4.0 and t["host_per_step_us"] == 200.0
@@ -400,7 +400,7 @@ def test_timings_host_time_is_per_verify_step_not_per_token():
 
 
 def test_statistics_line_counts_declined_proposals():
-    from ngramspec.spec.stats import DrafterStats
+    from ngramspec.speculative.stats import DrafterStats
 
     s = DrafterStats("ngram-mod", n_prop_drafts=7, n_gen_drafts=3)
     assert s.n_declined == 4 and s.as_dict()["n_declined"] == 4

@@ -179,7 +179,7 @@ def test_speculative_sampling_preserves_the_target_distribution(make_engine):
 def test_draft_model_drafts_when_ngrams_have_nothing(model, make_engine, threads):
     # the embedded model as its own draft model: n-gram chain first, draft model after;
     # greedy output is unchanged and the draft model's drafts are all accepted
-    from ngramspec.spec.draft_model import DraftModelDrafter
+    from ngramspec.speculative.draft_model import DraftModelDrafter
     from ngramspec.llama.context import Context, ContextParams
 
     dctx = Context(model, ContextParams(n_ctx=4096, n_threads=threads))
@@ -197,7 +197,7 @@ def test_draft_model_with_another_vocabulary_is_refused():
     # vocabulary check on two stand-in models with different sizes / pieces
     from types import SimpleNamespace
 
-    from ngramspec.spec.draft_model import check_same_vocab
+    from ngramspec.speculative.draft_model import check_same_vocab
     from ngramspec.llama.model import ModelError
 
     def fake(n, salt=b""):

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec.spec import native
-from ngramspec.spec.drafters import make_drafter
-from ngramspec.spec.pool import HashPool
+from ngramspec.speculative import native
+from ngramspec.speculative.drafters import make_drafter
+from ngramspec.speculative.pool import HashPool
 
 pytestmark = pytest.mark.skipif(native.kernel() is None,
                                 reason=f"no C drafting here: {native.reason()}")

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
-from ngramspec.spec.acceptance import AcceptanceStats, best_length
-from ngramspec.spec.cost import DecodeCost, Shape
-from ngramspec.spec.drafters import DrafterChain, NgramSimple
-from ngramspec.spec.planner import plan
-from ngramspec.spec.policy import CostPolicy
-from ngramspec.spec.pool import HashPool
+from ngramspec.speculative.acceptance import AcceptanceStats, best_length
+from ngramspec.speculative.cost import DecodeCost, Shape
+from ngramspec.speculative.drafters import DrafterChain, NgramSimple
+from ngramspec.speculative.planner import plan
+from ngramspec.speculative.policy import CostPolicy
+from ngramspec.speculative.pool import HashPool
 from ngramspec.bench.replay import replay_batch
-from ngramspec.spec.speculation import DraftOptions
+from ngramspec.speculative.speculation import DraftOptions
 
 # measured on a 2-core CPU with Gemma 3 270M: per ubatch, per token, per logit row
 CPU4 = DecodeCost(0.013, 0.003, 0.0034, per_seq_streams=True)
@@ -115,7 +115,7 @@ def test_clairvoyant_replay_verifies_exactly_the_accepted_runs():
     """replay_batch(clairvoyant=True): each step verifies the longest accepted run of its
     proposals and nothing else, so no drafted token is rejected, the stream is
     followed to its end, and no planner using the same drafters is faster."""
-    from ngramspec.spec.drafters.prediction import PredictionDrafter
+    from ngramspec.speculative.drafters.prediction import PredictionDrafter
 
     rng = np.random.default_rng(3)
     for copy, noise in (_copy_and_noise(rng), _copy_and_noise(rng)):
@@ -138,7 +138,7 @@ def test_one_sequence_closed_form_equals_the_length_search():
     """A decode of one sequence is solved from the model's per-length table
     (`planner._alone`); it picks what trying every length picks (`_ascend`), at any
     cache size and trust, on padded and unpadded layouts."""
-    from ngramspec.spec.planner import _ascend
+    from ngramspec.speculative.planner import _ascend
 
     rng = np.random.default_rng(3)
     for cost in (CPU4, DecodeCost(0.0016, 0.0002, 0.00035, per_kv=0.0003, per_multi=0.0009),
@@ -155,7 +155,7 @@ def test_bound_declines_without_pricing_and_never_wrongly():
     """(E[1] - 1) * t(1) <= the least per-token slope: no length can beat plain
     decoding, so the planner returns 0 before pricing; wherever it returns 0, so does
     the full search."""
-    from ngramspec.spec.planner import _ascend
+    from ngramspec.speculative.planner import _ascend
 
     steep = DecodeCost(0.0016, 0.0016, 0.0016, pad=False)  # a verified token: 2/3 of a decode
     sec, tok, slope = steep.alone()

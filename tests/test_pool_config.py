@@ -6,8 +6,8 @@ import pytest
 
 from ngramspec import SPEC_TYPES, ConfigError, HashPool, SpecConfig, TokenError, parse_spec_types
 from ngramspec.settings.config import spec_config_from_options
-from ngramspec.spec.drafters import DrafterChain, as_tokens
-from ngramspec.spec.hashing import ngram_hash, ngram_hashes
+from ngramspec.speculative.drafters import DrafterChain, as_tokens
+from ngramspec.speculative.hashing import ngram_hash, ngram_hashes
 
 ALL = SpecConfig(types=SPEC_TYPES)
 

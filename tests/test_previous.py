@@ -16,9 +16,9 @@ from ngramspec.batch.previous import load_previous, with_previous
 from ngramspec.batch.progress import Tally, summary_table
 from ngramspec.batch.records import Record, parse_records, read_lines
 from ngramspec.batch.results import BatchResult
-from ngramspec.spec.drafters.prediction import PredictionDrafter
+from ngramspec.speculative.drafters.prediction import PredictionDrafter
 from ngramspec.errors import ConfigError
-from ngramspec.spec.stats import timings
+from ngramspec.speculative.stats import timings
 
 PROMPT = np.arange(1000, 1010, dtype=np.int32)
 
@@ -252,7 +252,7 @@ def test_unused_prediction_tokens_are_those_not_in_the_completion():
     the tokens the completion does not repeat."""
     import numpy as np
 
-    from ngramspec.spec.drafters.prediction import unused_tokens
+    from ngramspec.speculative.drafters.prediction import unused_tokens
 
     pred = np.arange(100, 120, dtype=np.int32)
     assert unused_tokens(pred, list(range(100, 120))) == 0

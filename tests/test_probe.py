@@ -1,15 +1,15 @@
-"""Bounded exploration (spec/probe.py): a planner whose prior prices verifies too dear
+"""Bounded exploration (speculative/probe.py): a planner whose prior prices verifies too dear
 cannot lock itself out, and where drafts never pay exploring costs at most ~2%.
 Synthetic backends priced by DecodeCost, no model."""
 from __future__ import annotations
 
 import numpy as np
 
-from ngramspec.spec.acceptance import AcceptanceStats
-from ngramspec.spec.cost import DEFAULT_COEF, DecodeCost, Shape
-from ngramspec.spec.policy import CostPolicy
-from ngramspec.spec.probe import SHARE
-from ngramspec.spec.speculation import DraftOptions
+from ngramspec.speculative.acceptance import AcceptanceStats
+from ngramspec.speculative.cost import DEFAULT_COEF, DecodeCost, Shape
+from ngramspec.speculative.policy import CostPolicy
+from ngramspec.speculative.probe import SHARE
+from ngramspec.speculative.speculation import DraftOptions
 
 LAYOUT = dict(per_seq_streams=False, n_ubatch=512, pad=True, logit_quantum=1, lone_ok=True)
 

@@ -1,8 +1,8 @@
-"""Rest (spec/rest.py): a policy whose proposals do not pay for their host time stops
+"""Rest (speculative/rest.py): a policy whose proposals do not pay for their host time stops
 proposing, samples an active step now and then, and comes back when drafting pays."""
 from __future__ import annotations
 
-from ngramspec.spec.rest import Rest
+from ngramspec.speculative.rest import Rest
 
 PLAIN = 0.002  # seconds of a plain decode
 

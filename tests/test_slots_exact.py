@@ -13,7 +13,7 @@ import pytest
 
 from ngramspec import SpecConfig
 from ngramspec.bench.corpus import documents
-from ngramspec.spec.drafters import EMPTY
+from ngramspec.speculative.drafters import EMPTY
 from ngramspec.engine.engine import Engine
 from ngramspec.llama.context import Context, ContextParams
 from ngramspec.engine.sampling import SamplingParams

@@ -3,7 +3,7 @@ passes `--batch-size 16 --ctx-size 1024`; calibrating the cost model then wrote 
 scratch tokens into a 64-row llama_batch: "ValueError: NULL pointer access")."""
 import pytest
 
-from ngramspec.spec.cost import calibrate_context, calibration_shapes, fits_batch
+from ngramspec.speculative.cost import calibrate_context, calibration_shapes, fits_batch
 
 
 @pytest.mark.parametrize("n_batch", [2, 16, 64, 512])
@@ -40,7 +40,7 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
     from ngramspec.engine.runtime import EngineSettings, LoadOptions, load_engine
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
-    from ngramspec.spec.policy import CostPolicy
+    from ngramspec.speculative.policy import CostPolicy
 
     engine = load_engine(EngineSettings(n_ctx=1024, threads=threads, spec=SpecConfig(policy="cost"),
                                         batch_invariant=invariant,

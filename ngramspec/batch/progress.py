@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .results import BatchResult
 from .speed import SpeedStats
-from ..spec.stats import tokens_per_step
+from ..speculative.stats import tokens_per_step
 
 
 @dataclass

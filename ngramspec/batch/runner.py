@@ -26,7 +26,7 @@ from ..jobs.chat import chat_prompt
 from ..jobs.build import JobDefaults, build_job, grammar_of
 from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Event, Job, Scheduler
-from ..spec.stats import calibration_line
+from ..speculative.stats import calibration_line
 from .records import BadRecord, Record
 from .results import BatchResult
 from .speed import SpeedStats, StepTimer

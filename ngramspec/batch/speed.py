@@ -27,7 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..spec.cost import FEATURES, DecodeCost, Shape
+from ..speculative.cost import FEATURES, DecodeCost, Shape
 
 MIN_STEPS = 8  # fewer timed steps: no fit
 

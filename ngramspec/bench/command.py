@@ -23,9 +23,9 @@ from ..errors import ConfigError
 from ..settings.config import SPEC_TYPES, SpecConfig, uses_draft_model
 from ..engine.engine import Engine
 from ..engine.generate import generate
-from ..spec.oracle import OracleDrafter
+from ..speculative.oracle import OracleDrafter
 from ..engine.sampling import SamplingParams
-from ..spec.stats import tokens_per_step
+from ..speculative.stats import tokens_per_step
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "prompts"
 GREEDY = SamplingParams(temperature=0.0)

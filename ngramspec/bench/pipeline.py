@@ -36,7 +36,7 @@ from .corpus import Document, documents, interleave
 from .prompt_checks import prompt_checks
 from .servers import Row, Servers, Started, start_llama_server, start_ngramspec
 from ..errors import ConfigError
-from ..spec.stats import tokens_per_step
+from ..speculative.stats import tokens_per_step
 
 
 @dataclass

@@ -22,14 +22,14 @@ import numpy as np
 from rich.table import Table
 
 from ..settings.config import SPEC_TYPES, SpecConfig
-from ..spec.cost import Shape
-from ..spec.drafters import DrafterChain, as_tokens, common_prefix
+from ..speculative.cost import Shape
+from ..speculative.drafters import DrafterChain, as_tokens, common_prefix
 from ..console import out_console
 from ..errors import NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH
-from ..spec.policy import FixedPolicy
-from ..spec.speculation import DraftOptions, Speculation
-from ..spec.stats import tokens_per_step
+from ..speculative.policy import FixedPolicy
+from ..speculative.speculation import DraftOptions, Speculation
+from ..speculative.stats import tokens_per_step
 
 
 @dataclass

@@ -41,7 +41,7 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
     """Generate text with speculative decoding; print llama.cpp's statistics at the end."""
     from ..engine.generate import stream_generate
     from ..engine.runtime import load_engine
-    from ..spec.stats import acceptance_line, calibration_line
+    from ..speculative.stats import acceptance_line, calibration_line
 
     if verbose:
         ctx.obj["verbose"] = True

@@ -50,19 +50,19 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ..settings.config import SpecConfig
-from ..spec.cost import Calibration, Shape
-from ..spec.draft_model import DraftModelDrafter
-from ..spec.drafters import as_tokens, common_prefix
-from ..spec.drafters.chains import Chains
-from ..spec.drafters.prediction import PredictionDrafter, unused_tokens
+from ..speculative.cost import Calibration, Shape
+from ..speculative.draft_model import DraftModelDrafter
+from ..speculative.drafters import as_tokens, common_prefix
+from ..speculative.drafters.chains import Chains
+from ..speculative.drafters.prediction import PredictionDrafter, unused_tokens
 from ..errors import ConfigError, NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context
 from ..llama.model import ContextOverflow, Model
-from ..spec.policy import DraftPolicy, FixedPolicy
-from ..spec.pool import HashPool
+from ..speculative.policy import DraftPolicy, FixedPolicy
+from ..speculative.pool import HashPool
 from .sampling import Sampler, SamplingParams
-from ..spec.speculation import NO_OPTIONS, Speculation
-from ..spec.stats import DrafterStats
+from ..speculative.speculation import NO_OPTIONS, Speculation
+from ..speculative.stats import DrafterStats
 from .synth import SynthAcceptance
 
 #: bytes of logit rows one generation decode may produce (Engine._limits): 128 rows of
@@ -90,7 +90,7 @@ class SeqState:
     n_predict: int
     tokens: np.ndarray  # history buffer, int32, capacity n_ctx + 1
     n_prompt: int
-    spec: Speculation | None = None
+    speculation: Speculation | None = None
     n_hist: int = 0  # tokens in the KV cache (during prefill: prompt tokens so far)
     n_cached: int = 0  # prompt tokens reused from the slot's cache
     sampled: int = -1
@@ -117,34 +117,34 @@ class SeqState:
 
     @property
     def speculative(self) -> bool:
-        return self.spec is not None
+        return self.speculation is not None
 
     @property
     def draft_n(self) -> int:
-        return self.spec.draft_n if self.spec else 0
+        return self.speculation.draft_n if self.speculation else 0
 
     @property
     def draft_n_accepted(self) -> int:
-        return self.spec.draft_n_accepted if self.spec else 0
+        return self.speculation.draft_n_accepted if self.speculation else 0
 
     @property
     def prediction(self) -> tuple[int, int] | None:
         """(tokens drafted from the request's prediction and verified, of them accepted);
         None for a sequence without a prediction (or without speculation)."""
-        if self.spec is None or not self.spec.own:
+        if self.speculation is None or not self.speculation.own:
             return None
-        return self.spec.own_n, self.spec.own_n_accepted
+        return self.speculation.own_n, self.speculation.own_n_accepted
 
     def prediction_unused(self) -> int | None:
         """The request's prediction tokens that do not appear in its completion so far
         (`prediction.unused_tokens`; OpenAI's rejected_prediction_tokens); None without
         a prediction. The completion is read from the history (after a context shift,
         what the slot still holds of it)."""
-        if self.spec is None or not self.spec.own:
+        if self.speculation is None or not self.speculation.own:
             return None
         at = min(self.n_prompt, self.n_hist)
         done = self.tokens[at:self.n_hist].tolist() + [self.sampled]
-        return unused_tokens(self.spec.own[0].pred, done[:self.n_generated])
+        return unused_tokens(self.speculation.own[0].pred, done[:self.n_generated])
 
 
 @dataclass
@@ -256,8 +256,8 @@ class Engine:
             self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
         own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
         if self.speculates(cfg, speculative, bool(own)):
-            st.spec = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
-            st.spec.begin(prompt)
+            st.speculation = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
+            st.speculation.begin(prompt)
             if self.synth:
                 st.synth = SynthAcceptance(self.synth, sampling.seed)
         return st
@@ -324,8 +324,8 @@ class Engine:
             reusable = st.n_hist
         reusable = min(reusable, st.n_unshifted)
         self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable, tiled)
-        if st.spec is not None:
-            st.spec.end()
+        if st.speculation is not None:
+            st.speculation.end()
         st.sampler.close()
         if st.finish_reason is None:
             st.finish_reason = "cancelled"
@@ -365,13 +365,13 @@ class Engine:
                 self._shift(st)
         opts, base = [], []
         for st in active:
-            room = self._room(st) if st.spec is not None else 0
+            room = self._room(st) if st.speculation is not None else 0
             room = min(room, st.synth.n_max) if st.synth is not None else room
-            opts.append(st.spec.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
+            opts.append(st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
                         else NO_OPTIONS)
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
         ks = self.policy.plan(opts, base, *self._limits())
-        drafts = [st.spec.commit(k) if st.spec is not None else np.zeros(0, np.int32)
+        drafts = [st.speculation.commit(k) if st.speculation is not None else np.zeros(0, np.int32)
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]
@@ -419,9 +419,9 @@ class Engine:
         st.n_hist -= n_discard
         st.n_shifted += n_discard
         st.n_unshifted = min(st.n_unshifted, st.n_keep)
-        if st.spec is not None:
-            st.spec.end()
-            st.spec.begin(st.tokens[:st.n_hist])
+        if st.speculation is not None:
+            st.speculation.end()
+            st.speculation.begin(st.tokens[:st.n_hist])
 
     def _accepted(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> list[int]:
         """Sample the rows in order (one sampler call each: chain, RNG) and return the
@@ -452,8 +452,8 @@ class Engine:
         st.n_hist = keep
         st.sampled = sampled[-1]
         st.steps += 1
-        if st.spec is not None:
-            st.spec.settle(sampled, n_acc)
+        if st.speculation is not None:
+            st.speculation.settle(sampled, n_acc)
         kept = self._emit(st, sampled)
         return StepOutput(kept, len(draft), n_acc, st.finish_reason,
                           st.sampler.take_probs()[:len(kept)])

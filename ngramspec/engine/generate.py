@@ -22,7 +22,7 @@ from ..settings.config import SpecConfig
 from .engine import Engine, SeqState, StepOutput
 from ..llama.model import Model
 from .sampling import SamplingParams, TokenProbs
-from ..spec.stats import timings, tokens_per_step
+from ..speculative.stats import timings, tokens_per_step
 
 
 @dataclass(frozen=True)

@@ -8,15 +8,15 @@ from typing import Callable
 
 from ..llama import file_pages
 from ..settings.config import SpecConfig
-from ..spec.cost import Calibration, calibrate_context
+from ..speculative.cost import Calibration, calibrate_context
 from .engine import Engine
 from ..errors import ConfigError
 from ..settings.llama_values import MLOCK_MODES
 from ..llama.context import TILED_PREFILL_MIN, ContextParams
 from ..llama.model import Model, check_model_file, default_model_path
-from ..spec.memory import available_bytes, plan_auto
+from ..speculative.memory import available_bytes, plan_auto
 from ..llama.omp import on_passing_thread
-from ..spec.policy import CostPolicy
+from ..speculative.policy import CostPolicy
 from ..llama.twin import load_twin, open_context, repack_is_safe
 
 
@@ -194,7 +194,7 @@ def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda
     ctx = open_context(model, cparams, twin)
     dd = None
     if draft_path is not None:
-        from ..spec.draft_model import DraftModelDrafter
+        from ..speculative.draft_model import DraftModelDrafter
 
         dd = DraftModelDrafter.load(draft_path, model, n_ctx=s.n_ctx, n_seq=s.n_seq,
                                     threads=threads, p_min=s.draft_p_min, verbose=s.verbose,

@@ -4,7 +4,7 @@
 pool, each drafter's proposals: `spec_drafter_*{drafter="..."}`) under the same prefix."""
 from __future__ import annotations
 
-from ..spec.stats import total
+from ..speculative.stats import total
 
 PREFIX = "llamacpp:"
 

@@ -16,7 +16,7 @@ from ..settings.config import SpecConfig
 from ..engine.generate import GenerationResponse
 from ..jobs.samplers import NUMBER_FIELDS
 from ..engine.sampling import SamplingParams
-from ..spec.stats import timings
+from ..speculative.stats import timings
 from .prepare import SPEC_HEADER
 
 

@@ -16,7 +16,7 @@ from typing import Any, Callable
 from fastapi import Request
 
 from ..engine import synth
-from ..spec.stats import calibration_line
+from ..speculative.stats import calibration_line
 from .errors import APIError, loading_error
 from ..jobs.scheduler import Scheduler
 from .settings import ServerSettings, engine_settings

@@ -1,6 +1,6 @@
 """ngramspec's own kernels for parts of llama.cpp's graph: the output layer (head.py),
 flash attention (attention.py) and the Q5_0, Q4_K and Q6_K matmuls (matmul.py), C code
-in native/ (beside drafting.c, the drafters' hot loops: spec/native.py).
+in native/ (beside drafting.c, the drafters' hot loops: speculative/native.py).
 
 Each is described once (`kernel.Kernel`, one per module, listed in `KERNELS`); whether
 it may run in this process is decided by `Kernel.state()` (switch, process guard,

@@ -8,7 +8,7 @@ import sys
 
 from . import KERNELS, build, guard
 
-DRAFTING = "drafting"  # native/drafting.c (spec/native.py loads it)
+DRAFTING = "drafting"  # native/drafting.c (speculative/native.py loads it)
 
 
 def main(argv: list[str]) -> int:
