@@ -129,6 +129,14 @@ class _MapBase:
             return None
         return kh, pos
 
+    def _hit(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int):
+        """`_find`'s (key hash, match position) when max_len > 0 and the key's hit count,
+        counted here, reached min_hits; else None."""
+        found = self._find(seq_id, history, sampled)
+        if found is None or max_len <= 0 or self._hits(seq_id, found[0]) < self.min_hits:
+            return None
+        return found
+
     def _hits(self, seq_id: int, kh: int) -> int:
         """Increment and return the key's hit count (stored in the pool)."""
         salt = self._salt(seq_id, self._ns_stats)
@@ -159,12 +167,10 @@ class NgramMapK(_MapBase):
     _ns_stats = NS_STATS_K
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
-        found = self._find(seq_id, history, sampled)
-        if found is None or max_len <= 0:
+        found = self._hit(seq_id, history, sampled, max_len)
+        if found is None:
             return EMPTY
         kh, pos = found
-        if self._hits(seq_id, kh) < self.min_hits:
-            return EMPTY
         salt = self._salt(seq_id, self._ns_stats)
         length = min(self.m, self._n_accepted(kh, salt), max_len)
         if length <= 0:
@@ -178,12 +184,10 @@ class NgramMapK4V(_MapBase):
     _ns_stats = NS_STATS_K4V
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
-        found = self._find(seq_id, history, sampled)
-        if found is None or max_len <= 0:
+        found = self._hit(seq_id, history, sampled, max_len)
+        if found is None:
             return EMPTY
         kh, _ = found
-        if self._hits(seq_id, kh) < self.min_hits:
-            return EMPTY
         counts = value_counts(history, key_of(history, sampled, self.n), self.n, self.m)
         best = dominant(counts)
         if best < 0:
