@@ -62,3 +62,15 @@ def test_a_trial_that_does_not_pay_waits_longer_before_the_next():
         trials.append(a)
     assert sum(trials[300:]) < sum(trials[:300])  # the gap grew
     assert sum(trials[300:]) <= 300 / 4
+
+
+def test_the_policies_count_rested_steps():
+    from ngramspec.speculative.cost import DecodeCost
+    from ngramspec.speculative.policy import CostPolicy, FixedPolicy
+
+    assert FixedPolicy().n_rested == 0
+    pol = CostPolicy(DecodeCost.linear(PLAIN, 0.0005), compare_all=True)
+    for _ in range(100):
+        pol.rest.spent(0.0004)
+        pol.rest.decode(PLAIN, PLAIN, 1, False)
+    assert pol.n_rested == pol.rest.n_rested > 50

@@ -267,7 +267,8 @@ def test_metrics_names_and_header(http):
     for name in ("prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
                  "tokens_predicted_total", "tokens_predicted_seconds_total", "n_decode_total",
                  "n_tokens_max", "spec_decode_num_draft_tokens_total",
-                 "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total"):
+                 "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total",
+                 "spec_rested_steps_total"):
         assert types[f"llamacpp:{name}"] == "counter", name
     for name in ("prompt_tokens_seconds", "predicted_tokens_seconds", "requests_processing",
                  "requests_deferred", "n_busy_slots_per_decode"):

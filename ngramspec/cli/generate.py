@@ -71,7 +71,8 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
             "spec_type": ",".join(spec.types) or "none",
             "calibration": calibration_json(engine.calibration),
             "kernels": engine.ctx.kernels.state(), "kv_cells": engine.ctx.kernels.cell_mode,
-            "statistics": {k: v.as_dict() for k, v in stats.items()}}, indent=2))
+            "statistics": {k: v.as_dict() for k, v in stats.items()},
+            "rested_steps": engine.policy.n_rested}, indent=2))
         return
     sys.stdout.write("\n")
     err = err_console.file
@@ -80,6 +81,9 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
         print(calibration_line(engine.calibration), file=err)
     for st in stats.values():
         print(st.line(), file=err)
+    if engine.policy.n_rested:
+        print(f"draft policy: rested {engine.policy.n_rested} steps (proposing had not paid "
+              "for its host time)", file=err)
     print(f"prompt: {last.prompt_tokens} tokens in {last.prompt_ms:.1f} ms; generated: "
           f"{last.generation_tokens} tokens in {last.predicted_ms:.1f} ms = "
           f"{last.predicted_per_second:.2f} tok/s; mean acceptance length "

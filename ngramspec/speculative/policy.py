@@ -46,6 +46,7 @@ class DraftPolicy(Protocol):
 
     name: str
     cost: DecodeCost | None
+    n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
@@ -68,6 +69,7 @@ class FixedPolicy:
 
     name = "fixed"
     cost = None
+    n_rested = 0  # llama.cpp's policy always proposes
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -137,6 +139,10 @@ class CostPolicy:
         self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
         self.probe = Probe()  # short drafts while the curve has seen no verify (probe.py)
         self.rest = Rest()  # whether proposing pays for its host time (rest.py)
+
+    @property
+    def n_rested(self) -> int:
+        return self.rest.n_rested
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
