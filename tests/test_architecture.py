@@ -152,3 +152,17 @@ def test_one_word_per_type():
                     and getattr(node.value.func, "id", "") == "Speculation"):
                 names = [getattr(t, "attr", getattr(t, "id", "")) for t in node.targets]
                 assert "spec" not in names, f"{path}: a Speculation named spec"
+
+
+def test_no_synthetic_acceptance_in_the_product():
+    """llama-server's --spec-synth-* are accepted and ignored (hidden, a warning): nothing on
+    the engine's step accepts a draft token the model did not sample (issue 55)."""
+    from click.testing import CliRunner
+
+    from ngramspec.cli.main import main
+
+    assert not (ROOT / "ngramspec" / "engine" / "synth.py").exists()
+    for cmd in ("serve", "generate", "batch", "bench"):
+        r = CliRunner().invoke(main, [cmd, "--help"], obj={})
+        assert r.exit_code == 0 and "--spec-synth" not in r.output, cmd
+    assert "synth" not in (ROOT / "ngramspec" / "engine" / "engine.py").read_text()

@@ -1,7 +1,7 @@
 """Seeded sampling with speculation on the real model: the n-gram drafters and the
 draft model (the embedded model drafting for itself, as llama.cpp's
-test_speculative swaps it in) give spec-off's tokens and logit rows; synthetic
-acceptance (--spec-synth-rates) and a request's draft p_min do what llama-server does.
+test_speculative swaps it in) give spec-off's tokens and logit rows; a request's draft
+p_min does what llama-server does.
 """
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from ngramspec import NgramModParams, SpecConfig
-from ngramspec.engine import synth
 from ngramspec.engine.generate import generate
 from ngramspec.engine.sampling import SamplingParams
 
@@ -62,43 +61,6 @@ def test_seeded_sampling_spec_on_equals_spec_off(make_engine, draft, logit_log, 
     assert on.tokens == off.tokens and on_rows == off_rows
     again, _ = run(eng, prompt, sampling, logit_log)
     assert again.tokens == on.tokens  # the seed makes the run repeatable
-
-
-def test_synthetic_rate_zero_gives_spec_off_tokens(make_engine, draft, logit_log):
-    """llama.cpp's test_with_and_without_draft (third part): every draft rejected."""
-    prompt = "I believe the meaning of life is"
-    off, _ = run(make_engine(OFF), prompt, LLAMA_TEST, logit_log, speculative=False, n=16)
-    eng = make_engine(OFF, draft_drafter=draft)
-    eng.synth = synth.conditional(synth.resolve_rates(None, [0.0] * 8, 8))
-    on, _ = run(eng, prompt, LLAMA_TEST, logit_log, n=16)
-    assert on.final.draft_n > 0 and on.final.draft_n_accepted == 0
-    assert on.tokens == off.tokens
-
-
-def test_synthetic_rates_are_seeded_and_rate_one_accepts_all(make_engine, draft, logit_log):
-    prompt = VARIED[3]
-    eng = make_engine(OFF, draft_drafter=draft)
-    eng.synth = synth.conditional([0.75 ** (i + 1) for i in range(8)])
-    a, _ = run(eng, prompt, LLAMA_TEST, logit_log, n=32)
-    b, _ = run(eng, prompt, LLAMA_TEST, logit_log, n=32)
-    assert a.final.draft_n > 0 and a.final.draft_n_accepted < a.final.draft_n
-    assert (a.tokens, a.final.draft_n, a.final.draft_n_accepted) == \
-        (b.tokens, b.final.draft_n, b.final.draft_n_accepted)
-    eng.synth = synth.conditional([1.0] * 8)
-    c, _ = run(eng, prompt, SamplingParams(temperature=0.0), logit_log, n=32)
-    assert c.final.draft_n > 0 and c.final.draft_n_accepted == c.final.draft_n
-
-
-def test_synthetic_rates_resolve_as_llama_server():
-    assert synth.resolve_rates(None, None, 8) == ()
-    rates = synth.resolve_rates(3.0, None, 4)
-    assert abs(1 + sum(rates) - 3.0) < 1e-9 and all(b < a for a, b in zip(rates, rates[1:]))
-    assert synth.resolve_rates(5.0, None, 4) == (1.0,) * 4
-    assert synth.conditional((0.8, 0.4, 0.0, 0.0)) == (0.8, 0.5, 0.0, 0.0)
-    for bad in [(3.0, [0.5] * 4, 4), (None, [0.5, 0.6], 2), (None, [0.5], 2), (0.5, None, 4),
-                (None, [0.5], 0)]:
-        with pytest.raises(synth.ConfigError):
-            synth.resolve_rates(*bad)
 
 
 def test_request_p_min_stops_the_draft_model(make_engine, draft, logit_log):

@@ -137,7 +137,7 @@ def test_draft_spec_types_need_md():
 
 
 def test_bad_values_are_usage_errors():
-    for args in (["-fa", "maybe"], ["--spec-synth-rates", "0.2,0.5"], ["-ngl", "many"],
+    for args in (["-fa", "maybe"], ["-ngl", "many"],
                  ["--pooling", "max"]):
         r = CliRunner().invoke(main, ["serve", *args], obj={})
         assert r.exit_code == 2 and "Traceback" not in r.output, (args, r.output)

@@ -21,9 +21,6 @@ Invariants (per sequence, after every step):
   how many tokens one llama_decode evaluates. The sampler (its chain and RNG)
   samples exactly the rows of the emitted tokens, in order, in both modes, so a
   seeded sampled run gives spec-off's tokens too.
-- Synthetic acceptance (`Engine.synth`, benchmarking only, synth.py) replaces the
-  comparison with the draft by a seeded random draw per position; the rows are
-  still sampled in order. Its output is not the model's unless every rate is 0.
 - A StepOutput's `probs` (when the sampling asks for n_probs) come from the rows
   its tokens were sampled from, one per emitted token.
 - A draft never makes a step overshoot n_predict or the context.
@@ -63,7 +60,6 @@ from ..speculative.pool import HashPool
 from .sampling import Sampler, SamplingParams
 from ..speculative.speculation import NO_OPTIONS, Speculation
 from ..speculative.stats import DrafterStats
-from .synth import SynthAcceptance
 
 #: bytes of logit rows one generation decode may produce (Engine._limits): 128 rows of
 #: a 262k vocabulary, about what llama-server's 8 slots with 16-token drafts produce
@@ -104,7 +100,6 @@ class SeqState:
     n_discard: int = 0  # context shift: tokens dropped per shift (0: half of the rest)
     n_shifted: int = 0  # tokens dropped by context shifts so far
     n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
-    synth: SynthAcceptance | None = None  # synthetic acceptance (benchmarking), else None
     host_s: float = 0.0  # wall time of its generation steps outside the decodes' compute
 
     @property
@@ -186,7 +181,6 @@ class Engine:
         self.draft_drafter = draft_drafter
         self.chains = Chains(self.pool, draft_drafter)
         self.cache: dict[int, SlotCache] = {}
-        self.synth: tuple[float, ...] = ()  # synthetic acceptance probabilities (synth.py)
         self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
         self.host_s = 0.0  # generation steps' wall time outside their decodes' compute
         self.n_steps = 0  # generation steps (decodes) made
@@ -258,8 +252,6 @@ class Engine:
         if self.speculates(cfg, speculative, bool(own)):
             st.speculation = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
             st.speculation.begin(prompt)
-            if self.synth:
-                st.synth = SynthAcceptance(self.synth, sampling.seed)
         return st
 
     def prefill(self, st: SeqState, max_tokens: int = 512) -> StepOutput | None:
@@ -366,7 +358,6 @@ class Engine:
         opts, base = [], []
         for st in active:
             room = self._room(st) if st.speculation is not None else 0
-            room = min(room, st.synth.n_max) if st.synth is not None else room
             opts.append(st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
                         else NO_OPTIONS)
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
@@ -426,15 +417,13 @@ class Engine:
     def _accepted(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> list[int]:
         """Sample the rows in order (one sampler call each: chain, RNG) and return the
         emitted tokens: the accepted draft tokens, then the target's token at the first
-        position not accepted (equal to the draft, or the synthetic draw)."""
+        position not accepted."""
         out: list[int] = []
         for i, idx in enumerate(rows):
             tok = st.sampler.sample(idx)
             if i < len(draft):
                 d = int(draft[i])
-                ok = (tok == d if st.synth is None
-                      else st.synth.accept(i) and not self.model.is_eog(d))
-                if ok:
+                if tok == d:
                     out.append(d)
                     continue
             out.append(tok)

@@ -42,7 +42,7 @@ GRAMMAR_MAX_SECONDS = 1.0
 GRAMMAR_PROBE_STRIDE = 128  # the estimate applies the grammar to every 128th token id
 GRAMMAR_DEAD_END = ("the grammar admits no continuation here: no token can follow the text "
                     "generated so far (check the grammar or JSON schema)")
-RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler (and synthetic draw) seeds itself
+RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler seeds itself
 
 
 def seed_or_random(seed: int) -> int:

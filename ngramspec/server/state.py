@@ -15,7 +15,6 @@ from typing import Any, Callable
 
 from fastapi import Request
 
-from ..engine import synth
 from ..speculative.stats import calibration_line
 from .errors import APIError, loading_error
 from ..jobs.scheduler import Scheduler
@@ -53,7 +52,6 @@ class ServerState:
                 engine = load_engine(engine_settings(s), notify=log.warning)
             else:
                 engine = engine_factory()
-            synth.configure(engine, s.spec_synth_len, s.spec_synth_rates, log.warning)
             self.n_ctx_slot = engine.ctx.n_ctx // s.n_parallel
             sched = Scheduler(engine, s.n_parallel, s.queue_size, self.n_ctx_slot)
             sched.start()

@@ -97,25 +97,6 @@ def json_object(value: Any) -> dict:
     return obj
 
 
-def check_rates(rates: tuple[float, ...]) -> tuple[float, ...]:
-    """`rates`, or ConfigError unless each is finite, in [0, 1], and they never increase."""
-    if any(not math.isfinite(r) or not 0.0 <= r <= 1.0 for r in rates):
-        raise ConfigError("--spec-synth-rates values must be finite and within [0, 1]")
-    if any(b > a for a, b in zip(rates, rates[1:])):
-        raise ConfigError("--spec-synth-rates must be non-increasing")
-    return rates
-
-
-def synth_rates(value: Any) -> tuple[float, ...]:
-    """llama.cpp's --spec-synth-rates check: finite, in [0, 1], non-increasing."""
-
-    try:
-        rates = tuple(float(x) for x in csv(value))
-    except ValueError:
-        raise ConfigError(f"--spec-synth-rates takes numbers like 0.8,0.6, got {value!r}") from None
-    return check_rates(rates)
-
-
 def directory(value: Any) -> str:
     """An existing directory (llama.cpp's --slot-save-path check), as given."""
     if not Path(str(value)).is_dir():

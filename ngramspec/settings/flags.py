@@ -42,7 +42,6 @@ from .flag import (
     directory,
     gpu_layers,
     json_object,
-    synth_rates,
 )
 from .llama_values import KV_TYPES, LOAD_MODES, kv_type_name
 
@@ -263,12 +262,6 @@ _FLAGS: list[Flag] = [
     Flag(("-ag", "--agent"), "agent", _V, bool, False, neg=("-no-ag", "--no-agent"), warn=bool,
          note="there are no built-in tools here: only the CORS proxy (--ui-mcp-proxy) is "
               "turned on; --cors-origins defaults to localhost"),
-    Flag(("--spec-synth-len",), "spec_synth_len", _V, float, None,
-         help="benchmarking: accept drafts at random for this mean tokens per step "
-              "(output is not the model's)"),
-    Flag(("--spec-synth-rates",), "spec_synth_rates", _V, parse=synth_rates, metavar="P0,P1,...",
-         help="benchmarking: per-position draft acceptance probabilities, one per draft "
-              "token (output is not the model's)"),
 ]
 
 # speculation: the flags of config.SPEC_OPTIONS, plus the chain, pool and policy
@@ -325,6 +318,11 @@ _FLAGS += _accepted(
     "--n-gpu-layers-draft=", "--spec-draft-override-tensor -otd --override-tensor-draft=",
     "--spec-draft-cpu-moe -cmoed --cpu-moe-draft", "--spec-draft-n-cpu-moe --spec-draft-ncmoe "
     "-ncmoed --n-cpu-moe-draft=", "-lzm --lazy-mode=", "--numa=",
+)
+_FLAGS += _accepted(
+    "ignored", "synthetic draft acceptance (llama-server's benchmarking mode) is not built: "
+    "ngramspec only ever emits the model's own tokens",
+    "--spec-synth-len=", "--spec-synth-rates=",
 )
 _FLAGS += _accepted(
     "ignored", "CPU affinity and priority are left to the OS",
