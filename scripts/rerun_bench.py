@@ -166,13 +166,36 @@ def bounds(v2: Path, first: dict, cold: dict, args) -> None:
         speed[name] = replay_batch(chain, CostPolicy(eng.policy.cost, compare_all=True),
                                    eng.policy.cost, streams, slots=args.parallel,
                                    own=(lambda i: [PredictionDrafter(preds[i])]) if own else None,
-                                   clairvoyant=clair)[1]
+                                   lengths=clairvoyant if clair else None)[1]
     eng.ctx.close()
     print("replayed offline (modelled generation, plain decoding / each): " +
           ", ".join(f"{k} {v:.2f}x" for k, v in speed.items()))
     print(f"previous vs cold, modelled: auto {speed['previous'] / speed['cold']:.2f}x; both "
           f"clairvoyant {speed['previous, clairvoyant'] / speed['cold, clairvoyant']:.2f}x; "
           f"previous clairvoyant vs cold auto {speed['previous, clairvoyant'] / speed['cold']:.2f}x")
+
+
+def clairvoyant(active: list, options: list) -> list[int]:
+    """What a planner that knew each stream would verify this step (`replay_batch`'s
+    `lengths`): per sequence the proposal with the longest accepted run, exactly that
+    long (nothing rejected, none left unproposed); its options are narrowed to that
+    proposal, so `commit(k)` takes it. The bound of any planner with these drafters."""
+    import numpy as np
+
+    from ngramspec.speculative.drafters import common_prefix
+    from ngramspec.speculative.speculation import DraftOptions
+
+    out = []
+    for (_, s), opts in zip(active, options):
+        truth = s.generated[s.n_hist - len(s.prompt) + 1:]
+        runs = [common_prefix(dr, truth) for _, dr in opts.proposals]
+        if not runs or max(runs) == 0:
+            out.append(0)
+            continue
+        best = int(np.argmax(runs))
+        s.sp.options = DraftOptions([opts.proposals[best]])
+        out.append(runs[best])
+    return out
 
 
 def per_kind(first: dict, b: dict) -> None:

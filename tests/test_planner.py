@@ -1,6 +1,8 @@
 """The batch planner on hand-written options and synthetic streams (no model)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from ngramspec import NgramMapParams, SpecConfig
@@ -112,10 +114,18 @@ def test_a_decode_holds_at_most_the_logit_buffer_cap():
 
 
 def test_clairvoyant_replay_verifies_exactly_the_accepted_runs():
-    """replay_batch(clairvoyant=True): each step verifies the longest accepted run of its
-    proposals and nothing else, so no drafted token is rejected, the stream is
-    followed to its end, and no planner using the same drafters is faster."""
+    """replay_batch with scripts/rerun_bench.py's clairvoyant planner: each step verifies
+    the longest accepted run of its proposals and nothing else, so no drafted token is
+    rejected, the stream is followed to its end, and no planner using the same drafters
+    is faster."""
+    import importlib.util
+
     from ngramspec.speculative.drafters.prediction import PredictionDrafter
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "rerun_bench.py"
+    spec = importlib.util.spec_from_file_location("rerun_bench", path)
+    rerun = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rerun)
 
     rng = np.random.default_rng(3)
     for copy, noise in (_copy_and_noise(rng), _copy_and_noise(rng)):
@@ -126,7 +136,8 @@ def test_clairvoyant_replay_verifies_exactly_the_accepted_runs():
             runs = {}
             for clair in (False, True):
                 runs[clair] = replay_batch(chain, CostPolicy(CPU4, compare_all=True), CPU4,
-                                           [(prompt, gen)], clairvoyant=clair,
+                                           [(prompt, gen)],
+                                           lengths=rerun.clairvoyant if clair else None,
                                            own=lambda i: [PredictionDrafter(edited)])
             (res,), speedup = runs[True]
             assert res.accepted == res.drafted  # nothing rejected

@@ -28,7 +28,7 @@ from ..console import out_console
 from ..errors import NgramSpecError
 from ..llama.context import MAX_INVARIANT_BATCH
 from ..speculative.policy import FixedPolicy
-from ..speculative.speculation import DraftOptions, Speculation
+from ..speculative.speculation import Speculation
 from ..speculative.stats import tokens_per_step
 
 
@@ -121,25 +121,10 @@ class _Seq:
                             self.drafted, self.accepted, np.asarray(self.times, dtype=np.int64))
 
 
-def _clairvoyant(s: _Seq, opts: DraftOptions) -> int:
-    """What a planner that knew the stream would verify this step: the proposal with
-    the longest accepted run, exactly that long (nothing rejected, none left
-    unproposed). `s`'s options are narrowed to that proposal, so `commit(k)` takes it."""
-    at = s.n_hist - len(s.prompt)
-    truth = s.generated[at + 1:]
-    runs = [common_prefix(dr, truth) for _, dr in opts.proposals]
-    if not runs or max(runs) == 0:
-        return 0
-    best = int(np.argmax(runs))
-    s.sp.options = DraftOptions([opts.proposals[best]])
-    return runs[best]
-
-
-def _lengths(active: list, opts: list, policy, per_seq: int, total: int,
-             clairvoyant: bool) -> list[int]:
-    """Each running sequence's draft length this step: the planner's, or the clairvoyant's."""
-    if clairvoyant:
-        return [_clairvoyant(s, o) for (_, s), o in zip(active, opts)]
+def _lengths(active: list, opts: list, policy, lengths, per_seq: int, total: int) -> list[int]:
+    """This step's draft lengths: `lengths`' (replay_batch) when given, else the planner's."""
+    if lengths is not None:
+        return lengths(active, opts)
     return policy.plan(opts, [Shape(slot, 1, 1, s.n_hist) for slot, s in active], per_seq, total)
 
 
@@ -186,7 +171,7 @@ def _start(slot: int, chain: DrafterChain, policy, own: Sequence, index: int,
 def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.ndarray, np.ndarray]],
                  *, slots: int | None = None, max_draft: int | None = None,
                  on_step: Callable[[int, int, int, int], None] | None = None,
-                 own: Callable[[int], Sequence] | None = None, clairvoyant: bool = False
+                 own: Callable[[int], Sequence] | None = None, lengths: Callable | None = None
                  ) -> tuple[list[ReplayResult], float | None]:
     """Replay recorded streams through `slots` slots (default: one per stream), as a
     server would decode them: waiting streams start when a slot frees.
@@ -199,8 +184,8 @@ def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.n
     decoding's modelled time, through the same slots, over that (the speedup).
     `on_step` gets (stream, history length, drafted, accepted); `own(i)` gives stream
     i's own drafters (a prediction: `PredictionDrafter(generated)` is the oracle).
-    `clairvoyant`: each step verifies the longest accepted run of its proposals
-    instead (`_clairvoyant`), the bound of any planner with these drafters."""
+    `lengths(active, options)`: a step's draft lengths instead of the planner's (active:
+    (slot, _Seq) pairs), e.g. scripts/rerun_bench.py's clairvoyant planner."""
     streams = [(as_tokens(p, "prompt"), as_tokens(g, "generated")) for p, g in streams]
     slots = slots or len(streams)
     queue = collections.deque(range(len(streams)))
@@ -228,7 +213,7 @@ def replay_batch(chain: DrafterChain, policy, cost, streams: Sequence[tuple[np.n
             room = min(cap, len(s.generated) - 2 - (s.n_hist - len(s.prompt)))
             hist = np.concatenate([s.prompt, s.generated[:s.n_hist - len(s.prompt)]])
             opts.append(s.sp.plan(hist, s.sampled, room))
-        ks = _lengths(active, opts, policy, per_seq, total, clairvoyant)
+        ks = _lengths(active, opts, policy, lengths, per_seq, total)
         shapes = []
         for (slot, s), k in zip(active, ks):
             draft = s.sp.commit(k)
