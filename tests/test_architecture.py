@@ -166,3 +166,29 @@ def test_no_synthetic_acceptance_in_the_product():
         r = CliRunner().invoke(main, [cmd, "--help"], obj={})
         assert r.exit_code == 0 and "--spec-synth" not in r.output, cmd
     assert "synth" not in (ROOT / "ngramspec" / "engine" / "engine.py").read_text()
+
+
+def test_the_clairvoyant_planner_is_a_script():
+    """The research planner that knows the stream lives in scripts/rerun_bench.py, not in
+    the product (issue 55)."""
+    for path in (ROOT / "ngramspec").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        names |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+        assert not any("clairvoyant" in n for n in names), path
+
+
+def test_server_settings_is_written_and_holds_the_flag_table():
+    """ServerSettings is a written dataclass (readers, IDEs and type checkers see its
+    fields), and its flag fields are the flag table's, with its defaults (issue 55)."""
+    import dataclasses
+
+    from ngramspec.server.settings import ServerSettings
+    from ngramspec.settings import flags
+
+    assert "make_dataclass" not in (ROOT / "ngramspec" / "server" / "settings.py").read_text()
+    mine = {f.name: f for f in dataclasses.fields(ServerSettings)}
+    table = flags.settings_fields()
+    assert [n for n, _, _ in table] == [n for n in mine if n not in ("spec", "sampling", "api_keys")]
+    for name, _, fld in table:
+        assert mine[name].default == fld.default, name
