@@ -192,3 +192,11 @@ def test_server_settings_is_written_and_holds_the_flag_table():
     assert [n for n, _, _ in table] == [n for n in mine if n not in ("spec", "sampling", "api_keys")]
     for name, _, fld in table:
         assert mine[name].default == fld.default, name
+
+
+def test_one_request_to_sampling_builder():
+    """The server's requests and batch's records get their SamplingParams from one
+    function (jobs/build.request_sampling); the ranges are SamplingParams' own (issue 55)."""
+    for path in ("server/prepare.py", "batch/runner.py"):
+        text = (ROOT / "ngramspec" / path).read_text()
+        assert "request_sampling(" in text and "SamplingParams(" not in text, path

@@ -17,14 +17,13 @@ Invariants:
 from __future__ import annotations
 
 import queue
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
-from ..engine.sampling import SamplingParams, seed_or_random
+from ..engine.sampling import SamplingParams
 from ..jobs.chat import chat_prompt
-from ..jobs.build import JobDefaults, build_job, grammar_of
-from ..jobs.samplers import other_samplers
+from ..jobs.build import JobDefaults, build_job, request_sampling
 from ..jobs.scheduler import Event, Job, Scheduler
 from ..speculative.stats import calibration_line
 from .records import BadRecord, Record
@@ -152,8 +151,5 @@ class EngineRunner:
         return job
 
     def _sampling(self, b) -> SamplingParams:
-        s = self.defaults.sampling
-        seed = s.seed if b.seed is None else seed_or_random(b.seed)
-        temperature = s.temperature if b.temperature is None else b.temperature
-        return replace(s, temperature=temperature, seed=seed, grammar=grammar_of(b) or s.grammar,
-                       **other_samplers(s, b, self.n_ctx_slot))
+        """`request_sampling` (jobs/build.py): the server's builder, on a record."""
+        return request_sampling(self.defaults.sampling, b, self.n_ctx_slot)

@@ -114,22 +114,22 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
-            raise ConfigError(f"--temp must be a finite number, got {self.temperature!r}")
+            raise ConfigError(f"temperature (--temp) must be a finite number, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"--top-k must be an integer >= 0, got {self.top_k!r}")
-        for name, v in (("--top-p", self.top_p), ("--min-p", self.min_p)):
+            raise ConfigError(f"top_k (--top-k) must be an integer >= 0, got {self.top_k!r}")
+        for name, v in (("top_p (--top-p)", self.top_p), ("min_p (--min-p)", self.min_p)):
             if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
                 raise ConfigError(f"{name} must be between 0 and 1, got {v!r}")
         if (not isinstance(self.repeat_penalty, (int, float)) or self.repeat_penalty <= 0
                 or not math.isfinite(self.repeat_penalty)):
-            raise ConfigError(f"--repeat-penalty must be a finite number > 0, got "
+            raise ConfigError(f"repeat_penalty (--repeat-penalty) must be a finite number > 0, got "
                               f"{self.repeat_penalty!r}")
-        for name, v in (("--frequency-penalty", self.frequency_penalty),
-                        ("--presence-penalty", self.presence_penalty)):
+        for name, v in (("frequency_penalty (--frequency-penalty)", self.frequency_penalty),
+                        ("presence_penalty (--presence-penalty)", self.presence_penalty)):
             if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
                 raise ConfigError(f"{name} must be between -2 and 2, got {v!r}")
         if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"--seed must be a non-negative integer, got {self.seed!r}")
+            raise ConfigError(f"seed (--seed) must be a non-negative integer, got {self.seed!r}")
         if not isinstance(self.n_probs, int) or self.n_probs < 0:
             raise ConfigError(f"n_probs must be an integer >= 0, got {self.n_probs!r}")
         _check_samplers(self)

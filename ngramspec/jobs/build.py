@@ -14,15 +14,16 @@ Invariants:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
 
 from .prediction import prediction_tokens
+from .samplers import other_samplers
 from .scheduler import Job
 from ..engine.engine import output_budget
-from ..engine.sampling import SamplingParams, json_grammar, schema_grammar
+from ..engine.sampling import SamplingParams, json_grammar, schema_grammar, seed_or_random
 from ..errors import ConfigError
 from ..llama.model import ContextOverflow
 from ..settings.config import SpecConfig
@@ -49,6 +50,31 @@ def one_grammar(req: Any) -> None:
                              else None)) if v is not None]
     if len(given) > 1:
         raise ConfigError("use only one of " + ", ".join(given))
+
+
+def request_sampling(default: SamplingParams, req: Any, n_ctx_slot: int,
+                     **extra: Any) -> SamplingParams:
+    """The SamplingParams of a request or a batch record, for the server and batch alike:
+    each field it sets, else `default`'s (the command's flags), read as llama-server
+    reads them: repeat_last_n (or penalty_last_n, not both) -1 is the slot's context, a
+    negative seed random, its grammar (`grammar_of`) or the default's, the other samplers
+    (`other_samplers`). A field the request's type lacks (a record has no top_k) is the
+    default's. `extra`: fields only the server's requests carry (logit_bias, n_probs).
+    The ranges are checked once: SamplingParams' own check (engine/sampling.py)."""
+    get = lambda name: getattr(req, name, None)  # noqa: E731
+    pick = lambda name: getattr(default, name) if get(name) is None else get(name)  # noqa: E731
+    if get("repeat_last_n") is not None and get("penalty_last_n") is not None:
+        raise ConfigError("use only one of repeat_last_n and penalty_last_n")
+    last_n = get("repeat_last_n") if get("repeat_last_n") is not None else get("penalty_last_n")
+    last_n = default.repeat_last_n if last_n is None else last_n
+    return replace(default, temperature=float(pick("temperature")), top_k=pick("top_k"),
+                   top_p=float(pick("top_p")), min_p=float(pick("min_p")),
+                   repeat_penalty=float(pick("repeat_penalty")),
+                   repeat_last_n=n_ctx_slot if last_n == -1 else last_n,
+                   frequency_penalty=float(pick("frequency_penalty")),
+                   presence_penalty=float(pick("presence_penalty")),
+                   seed=seed_or_random(pick("seed")), grammar=grammar_of(req) or default.grammar,
+                   **other_samplers(default, req, n_ctx_slot), **extra)
 
 
 def grammar_of(req: Any) -> str | None:

@@ -18,14 +18,13 @@ from .probs import request_probs
 from .sampling_request import sampler_fields
 from .slot_actions import context_shift
 from ..settings import strict_json
-from ..errors import ConfigError, TokenError
+from ..errors import ConfigError
 from ..llama.model import ContextOverflow
-from ..engine.sampling import RANDOM_SEED, SamplingParams, seed_or_random
+from ..engine.sampling import RANDOM_SEED, SamplingParams
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
-from ..jobs.build import JobDefaults, build_job, grammar_of
+from ..jobs.build import JobDefaults, build_job, request_sampling
 from ..jobs.prediction import vocab_ids
-from ..jobs.samplers import other_samplers
 from ..jobs.scheduler import Job
 from .state import ServerState
 from ..jobs.types import ChatCompletionRequest, PromptObject, _Generation
@@ -64,32 +63,11 @@ def _spec_header(request: Request) -> bool:
 
 
 def _sampling(state: ServerState, req: _Generation) -> SamplingParams:
-    d = state.settings.sampling
-    pick = lambda v, default: default if v is None else v  # noqa: E731
-    seed = pick(req.seed, d.seed)
-    if req.repeat_last_n is not None and req.penalty_last_n is not None:
-        raise ConfigError("use only one of repeat_last_n and penalty_last_n")
-    repeat_last_n = pick(pick(req.repeat_last_n, req.penalty_last_n), d.repeat_last_n)
-    if repeat_last_n == -1:
-        repeat_last_n = state.n_ctx_slot
-    for name in ("top_p", "min_p"):
-        v = getattr(req, name)
-        if v is not None and not 0.0 <= v <= 1.0:
-            raise ConfigError(f"{name} must be between 0 and 1, got {v}")
-    if req.repeat_penalty is not None and req.repeat_penalty <= 0:
-        raise ConfigError(f"repeat_penalty must be > 0, got {req.repeat_penalty}")
-    return SamplingParams(temperature=float(pick(req.temperature, d.temperature)),
-                          top_k=pick(req.top_k, d.top_k), top_p=float(pick(req.top_p, d.top_p)),
-                          min_p=float(pick(req.min_p, d.min_p)),
-                          repeat_penalty=float(pick(req.repeat_penalty, d.repeat_penalty)),
-                          repeat_last_n=repeat_last_n,
-                          frequency_penalty=float(pick(req.frequency_penalty, d.frequency_penalty)),
-                          presence_penalty=float(pick(req.presence_penalty, d.presence_penalty)),
-                          seed=seed_or_random(seed),
-                          grammar=grammar_of(req) or d.grammar,
-                          **sampler_fields(state.engine.model, req, d),
-                          **other_samplers(d, req, state.n_ctx_slot),
-                          **request_probs(req, state.engine.model.n_vocab))
+    """`request_sampling` (jobs/build.py, batch's too) with the server's own fields."""
+    return request_sampling(state.settings.sampling, req, state.n_ctx_slot,
+                            **sampler_fields(state.engine.model, req, state.settings.sampling),
+                            **request_probs(req, state.engine.model.n_vocab))
+
 
 def check_tokens(state: ServerState, tokens: list[int]) -> np.ndarray:
     return vocab_ids(tokens, state.engine.model.n_vocab, "prompt")
