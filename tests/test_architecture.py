@@ -199,4 +199,6 @@ def test_one_request_to_sampling_builder():
     function (jobs/build.request_sampling); the ranges are SamplingParams' own (issue 55)."""
     for path in ("server/prepare.py", "batch/runner.py"):
         text = (ROOT / "ngramspec" / path).read_text()
-        assert "request_sampling(" in text and "SamplingParams(" not in text, path
+        assert "request_sampling(" in text, path
+        assert not any(piece in text for piece in ("other_samplers", "seed_or_random",
+                                                   "grammar_of", "min_p")), path
