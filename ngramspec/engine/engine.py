@@ -49,7 +49,7 @@ import numpy as np
 from ..settings.config import SpecConfig
 from ..speculative.cost import Calibration, Shape
 from ..speculative.draft_model import DraftModelDrafter
-from ..speculative.drafters import as_tokens, common_prefix
+from ..speculative.drafters import EMPTY, as_tokens, common_prefix
 from ..speculative.drafters.chains import Chains
 from ..speculative.drafters.prediction import PredictionDrafter, unused_tokens
 from ..errors import ConfigError, NgramSpecError
@@ -362,7 +362,7 @@ class Engine:
                         else NO_OPTIONS)
             base.append(Shape(st.seq_id, 1, 1, st.n_hist))
         ks = self.policy.plan(opts, base, *self._limits())
-        drafts = [st.speculation.commit(k) if st.speculation is not None else np.zeros(0, np.int32)
+        drafts = [st.speculation.commit(k) if st.speculation is not None else EMPTY
                   for st, k in zip(active, ks)]
         entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
                    for st, d in zip(active, drafts)]

@@ -55,6 +55,14 @@ def _powers(n: int) -> np.ndarray:
     return np.array([pow(P, n - 1 - i, 1 << 64) for i in range(n)], dtype=np.uint64)
 
 
+def key_of(hist, last: int, n: int) -> list[int]:
+    """The n-gram a draft looks up: the last n - 1 tokens of `hist` + `last` (the token
+    just sampled), as Python ints (len(hist) >= n - 1)."""
+    key = hist[len(hist) - n + 1:].tolist() if n > 1 else []
+    key.append(last)
+    return key
+
+
 def power(n: int) -> int:
     """P**(n-1) mod 2**64: the weight of the oldest token in an n-gram hash."""
     return pow(P, n - 1, 1 << 64)

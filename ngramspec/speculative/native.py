@@ -16,7 +16,6 @@ import os
 from ..llama.kernels import build
 
 ENV = "NGRAMSPEC_NATIVE_DRAFTING"
-SOURCE = "drafting"
 
 _U64, _P, _I64, _I32 = C.c_uint64, C.c_void_p, C.c_int64, C.c_int32
 _SIGNATURES = {  # name -> (restype, argtypes): drafting.c's functions
@@ -38,7 +37,7 @@ def kernel() -> C.CDLL | None:
 
 @functools.cache
 def _load() -> C.CDLL | None:
-    lib = build.library(SOURCE, build.GENERIC).lib
+    lib = build.library(build.DRAFTING, build.GENERIC).lib
     if lib is None:
         return None
     for name, (res, args) in _SIGNATURES.items():
@@ -48,7 +47,7 @@ def _load() -> C.CDLL | None:
 
 
 def reason() -> str:
-    """Why there is no C drafting (doctor's report), or "" when it runs."""
+    """Why there is no C drafting (tests/test_native_drafting.py's skip), or "" when it runs."""
     if not enabled():
         return f"{ENV}=0"
-    return build.library(SOURCE, build.GENERIC).reason
+    return build.library(build.DRAFTING, build.GENERIC).reason

@@ -110,6 +110,18 @@ def _state_key(sp: Speculation, drafter) -> tuple[str, object]:
     return drafter.name, sp.copying if agreement is None else agreement
 
 
+def _timed(method: Callable) -> Callable:
+    """A CostPolicy method whose wall time is the policy's own host time (`Rest.spent`)."""
+    @functools.wraps(method)
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.rest.spent(time.perf_counter() - t0)
+    return timed
+
+
 @functools.lru_cache(maxsize=None)
 def _pick_of(i: int) -> np.ndarray:
     """DraftOptions.pick when proposal i is the only candidate: i at every K >= 1
@@ -146,36 +158,15 @@ class CostPolicy:
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
-        """`_options`, its host time counted (Rest); nothing while the policy rests,
-        unless the sequence has drafters of its own (a request's prediction)."""
+        """`_options`; nothing while the policy rests, unless the sequence has drafters
+        of its own (a request's prediction)."""
         if not self.rest.active and not sp.own:
             return NO_OPTIONS
-        t0 = time.perf_counter()
-        out = self._options(sp, history, sampled, room)
-        self.rest.spent(time.perf_counter() - t0)
-        return out
+        return self._options(sp, history, sampled, room)
 
+    @_timed
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
              total_max: int) -> list[int]:
-        t0 = time.perf_counter()
-        ks = self._plan(options, base, per_seq_max, total_max)
-        self.rest.spent(time.perf_counter() - t0)
-        return ks
-
-    def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
-        t0 = time.perf_counter()
-        if sp.committed is not None:
-            self.rest.accepted(n_accepted, sp.committed[1])
-        self._observe(sp, emitted, n_accepted)
-        self.rest.spent(time.perf_counter() - t0)
-
-    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
-        t0 = time.perf_counter()
-        self._observe_decode(shapes, seconds)
-        self.rest.spent(time.perf_counter() - t0)
-
-    def _plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
-              total_max: int) -> list[int]:
         """The planner's lengths against the current curve and DraftTrust; where they
         draft nothing while the curve has seen no multi-row verify, a probe (probe.py)."""
         self.probe.close()
@@ -218,6 +209,7 @@ class CostPolicy:
         self.stats(sp, drafter).update(offered, accepted)
         self._global(_state_key(sp, drafter)).update(offered, accepted)
 
+    @_timed
     def _options(self, sp: Speculation, history: np.ndarray, sampled: int,
                  room: int) -> DraftOptions:
         props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
@@ -241,20 +233,21 @@ class CostPolicy:
         expected = table[best, np.arange(k_top + 1)]
         return DraftOptions(props, expected, pick)
 
-    def _observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
+    @_timed
+    def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
-        em = emitted
         if sp.committed is not None:
             self.probe.accepted(sp.seq_id, n_accepted)
-        if sp.committed is not None and sp.options.expected is not None:
+            self.rest.accepted(n_accepted, sp.committed[1])
             e = sp.options.expected
-            self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
+            if e is not None:
+                self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d, sp.committed[1], n_accepted)
                 continue
-            n, m = min(len(dr), len(em)), 0
-            while m < n and dr[m] == em[m]:  # the agreeing run (em is short: a Python loop)
+            n, m = min(len(dr), len(emitted)), 0
+            while m < n and dr[m] == emitted[m]:  # the agreeing run (short: a Python loop)
                 m += 1
             if m < n:  # a miss at m: positions 0..m seen, m accepted
                 self._update(sp, d, len(dr), m)
@@ -262,7 +255,8 @@ class CostPolicy:
                 self._update(sp, d, m, m)
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
-    def _observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
+    @_timed
+    def observe_decode(self, shapes: Sequence[Shape], seconds: float) -> None:
         """Refine the cost model from a generation decode (CostTracker) and score a
         drafted decode against the model that planned it (DraftTrust; a probe is not
         scored); once, after SAVE_AFTER decodes and once the curve has seen multi-row

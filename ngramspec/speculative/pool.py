@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import native
-from .hashing import MASK64, P, ngram_hash, ngram_hashes
+from .hashing import MASK64, P, key_of, ngram_hash, ngram_hashes, power
 
 _GOLD = 0x9E3779B97F4A7C15
 _GOLD64 = np.uint64(_GOLD)
@@ -168,7 +168,7 @@ class HashPool:
         if count <= 0:
             return
         h = ngram_hash(tokens[:n])
-        p_old = pow(P, n - 1, 1 << 64)
+        p_old = power(n)
         mv, shift, first = self._mv, self._shift, keep == "first"
         for j in range(count):
             if j:
@@ -217,9 +217,8 @@ class HashPool:
             k = self._c.ngs_follow(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
                                    last, n, max_n, self._out_ptr)
             return self._out[:k].copy()
-        window = hist[len(hist) - n + 1:].tolist() if n > 1 else []
-        window.append(last)
-        out = self.follow(ngram_hash(window), salt, window, pow(P, n - 1, 1 << 64), max_n)
+        window = key_of(hist, last, n)
+        out = self.follow(ngram_hash(window), salt, window, power(n), max_n)
         return np.asarray(out, dtype=np.int32)
 
     def find_key(self, hist: np.ndarray, last: int, n: int, salt: int) -> tuple[int, int]:
@@ -230,8 +229,7 @@ class HashPool:
             pos = self._c.ngs_find(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
                                    last, n, self._hash_ptr)
             return pos, int(self._hash[0])
-        key = hist[len(hist) - n + 1:].tolist() if n > 1 else []
-        key.append(last)
+        key = key_of(hist, last, n)
         h = ngram_hash(key)
         pos = self.get(h, salt)
         ok = 0 <= pos and pos + n <= len(hist) and hist[pos:pos + n].tolist() == key

@@ -40,7 +40,6 @@ class Rest:
         self.host = 0.0  # decayed host seconds of active steps
         self.saved = 0.0  # decayed decode seconds saved by their drafts
         self.decode_s = 0.0  # decayed decode seconds of active steps
-        self.weight = 0.0  # decayed count of active steps
         self.n_active = 0
         self.n_rested = 0  # steps that proposed nothing because the policy rested
         self.active = True  # whether the current step proposes
@@ -64,9 +63,7 @@ class Rest:
         self._close()
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
-        self.weight *= d
         if self.active:
-            self.weight += 1.0
             self.decode_s += measured_s
             self.host += self._step_host
             self.n_active += 1
@@ -86,7 +83,7 @@ class Rest:
 
     def period(self) -> int:
         """Steps per active step while resting: its host cost within SHARE of decoding."""
-        if self.weight <= 0 or self.decode_s <= 0:
+        if self.decode_s <= 0:  # no active step measured yet
             return 2
         return max(2, min(self.MAX_PERIOD, math.ceil(self.host / (self.SHARE * self.decode_s))))
 

@@ -8,15 +8,13 @@ import sys
 
 from . import KERNELS, build, guard
 
-DRAFTING = "drafting"  # native/drafting.c (speculative/native.py loads it)
-
 
 def main(argv: list[str]) -> int:
     if argv != ["build"]:
         print("usage: python -m ngramspec.llama.kernels build", file=sys.stderr)
         return 2
     # the drafters' loops: plain C for any CPU (the Python reference runs where it fails)
-    built = build.library(DRAFTING, build.GENERIC, force=True)
+    built = build.library(build.DRAFTING, build.GENERIC, force=True)
     print(f"ngramspec drafting loops ({build.GENERIC}): " +
           (f"built ({built.path})" if built.lib is not None else f"not built, {built.reason}"))
     reason = guard.cpu_reason()

@@ -51,6 +51,7 @@ VARIANTS = {
 #: compiler targets, so it is compiled as "generic", apart from the instruction-set variants
 GENERIC = "generic"
 GENERIC_CFLAGS = ("-O2", "-shared", "-fPIC")
+DRAFTING = "drafting"  # native/drafting.c: the drafters' loops (speculative/native.py)
 _LOCK = threading.Lock()
 _DONE: dict[tuple[str, str], "Built"] = {}
 
@@ -117,7 +118,7 @@ def _build_or_load(name: str, variant: str, force: bool) -> Built:
         failed.write_text(error)
     except OSError:
         pass
-    return _said(f"{name} ({variant})", error, str(failed))
+    return _said(name, variant, error, str(failed))
 
 
 def _build_private(name: str, variant: str) -> Built:
@@ -126,7 +127,7 @@ def _build_private(name: str, variant: str) -> Built:
     try:
         out = folder / f"{name}.so"
         error = _compile(name, variant, out)
-        return _said(f"{name} ({variant})", error, "") if error is not None else _load(out)
+        return _said(name, variant, error, "") if error is not None else _load(out)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -144,14 +145,14 @@ def _compile(name: str, variant: str, out: Path) -> str | None:
     return f"{' '.join(cmd)}: {msg}"
 
 
-def _said(name: str, error: str, remembered: str) -> Built:
-    """A new failure: printed once (stderr), with the compiler's message."""
+def _said(name: str, variant: str, error: str, remembered: str) -> Built:
+    """A new failure: printed once (stderr), with the compiler's message and what runs
+    instead (a generic kernel's Python reference, else llama.cpp's kernels)."""
     lines = error.splitlines()
     shown = "\n  ".join(lines[:12] + ([f"... ({len(lines) - 12} more lines)"] if len(lines) > 12 else []))
-    instead = ("the Python code runs" if name.endswith(f"({GENERIC})")
-               else "llama.cpp's own kernels run")
-    print(f"ngramspec: the C kernel {name} did not compile; {instead} instead.\n  {shown}",
-          file=sys.stderr)
+    instead = "the Python code runs" if variant == GENERIC else "llama.cpp's own kernels run"
+    print(f"ngramspec: the C kernel {name} ({variant}) did not compile; {instead} instead."
+          f"\n  {shown}", file=sys.stderr)
     return Built(None, f"its compilation failed ({lines[0][:160] if lines else error})", remembered)
 
 

@@ -72,9 +72,3 @@ class SeqIndex:
         an indexed start whose n tokens equal the key, or -1."""
         return self.pool.find_key(hist, sampled, self.n, self._state(seq_id).salt)
 
-
-def key_of(hist: np.ndarray, sampled: int, n: int) -> list[int]:
-    """The current key: the last n - 1 tokens of history + sampled."""
-    key = hist[len(hist) - n + 1:].tolist() if n > 1 else []
-    key.append(sampled)
-    return key

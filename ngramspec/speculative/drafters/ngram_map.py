@@ -31,9 +31,10 @@ import numpy as np
 import xxhash
 
 from ...settings.config import NgramMapParams
+from ..hashing import key_of
 from ..pool import HashPool, mix_salt
 from .base import EMPTY
-from .index import SeqIndex, key_of
+from .index import SeqIndex
 
 NS_FIRST = 0x52
 NS_STATS_K = 0x53
@@ -146,6 +147,17 @@ class _MapBase:
         self.pool.put(kh, salt, (hits << 16) | acc)
         return hits
 
+    def _capped(self, seq_id: int, h: int, salt: int, value: np.ndarray,
+                max_len: int) -> np.ndarray:
+        """`value` (m tokens) cut to max_len and to what its statistics key (h, salt)
+        last had accepted (m at first), remembered for `accept`; EMPTY at 0 (a draft
+        rejected whole drafts nothing again, as in llama.cpp)."""
+        length = min(self.m, self._n_accepted(h, salt), max_len)
+        if length <= 0:
+            return EMPTY
+        self._last[seq_id] = (h, salt)
+        return value[:length]
+
     def _n_accepted(self, h: int, salt: int) -> int:
         v = self.pool.get(h, salt)
         return v & 0xFFFF if v >= 0 else self.m
@@ -171,12 +183,8 @@ class NgramMapK(_MapBase):
         if found is None:
             return EMPTY
         kh, pos = found
-        salt = self._salt(seq_id, self._ns_stats)
-        length = min(self.m, self._n_accepted(kh, salt), max_len)
-        if length <= 0:
-            return EMPTY
-        self._last[seq_id] = (kh, salt)
-        return history[pos + self.n:pos + self.n + length]
+        return self._capped(seq_id, kh, self._salt(seq_id, self._ns_stats),
+                            history[pos + self.n:pos + self.n + self.m], max_len)
 
 
 class NgramMapK4V(_MapBase):
@@ -195,9 +203,4 @@ class NgramMapK4V(_MapBase):
         start = counts[best][0]
         value = history[start:start + self.m]
         vh = kh ^ xxhash.xxh64_intdigest(value.tobytes())
-        salt = self._salt(seq_id, NS_ACC_K4V)
-        length = min(self.m, self._n_accepted(vh, salt), max_len)
-        if length <= 0:
-            return EMPTY
-        self._last[seq_id] = (vh, salt)
-        return value[:length]
+        return self._capped(seq_id, vh, self._salt(seq_id, NS_ACC_K4V), value, max_len)

@@ -1,4 +1,4 @@
-/* The drafters' hot loops on the shared hash pool (ngramspec/spec/pool.py), in C.
+/* The drafters' hot loops on the shared hash pool (ngramspec/speculative/pool.py), in C.
  *
  * Invariant: every function computes exactly what pool.py's Python reference computes
  * (tests/test_native_drafting.py compares them on random histories): the n-gram hash
@@ -27,6 +27,13 @@ static inline uint64_t ngs_key_token(const int32_t *hist, int64_t L, int32_t las
     return (uint64_t)(int64_t)(i < n - 1 ? hist[L - n + 1 + i] : last);
 }
 
+/* P**(n-1) modulo 2**64: the weight of a window's oldest token (hashing.power). */
+static inline uint64_t ngs_power(int n) {
+    uint64_t p = 1;
+    for (int i = 1; i < n; ++i) p *= NGS_P;
+    return p;
+}
+
 static uint64_t ngs_key_hash(const int32_t *hist, int64_t L, int32_t last, int n) {
     uint64_t h = 0;
     for (int i = 0; i < n; ++i) h = h * NGS_P + ngs_key_token(hist, L, last, n, i);
@@ -39,9 +46,9 @@ static uint64_t ngs_key_hash(const int32_t *hist, int64_t L, int32_t last, int n
 int64_t ngs_put_ngrams(uint64_t *table, int shift, uint64_t salt, const int32_t *tokens,
                        int64_t count, int n, const int32_t *values, int64_t value0, int first) {
     if (count <= 0) return 0;
-    uint64_t h = 0, p_old = 1;
+    const uint64_t p_old = ngs_power(n);
+    uint64_t h = 0;
     for (int i = 0; i < n; ++i) h = h * NGS_P + (uint64_t)(int64_t)tokens[i];
-    for (int i = 1; i < n; ++i) p_old *= NGS_P;
     int64_t filled = 0;
     for (int64_t j = 0; j < count; ++j) {
         if (j) h = (h - (uint64_t)(int64_t)tokens[j - 1] * p_old) * NGS_P
@@ -62,8 +69,8 @@ int64_t ngs_put_ngrams(uint64_t *table, int shift, uint64_t salt, const int32_t 
 int ngs_follow(const uint64_t *table, int shift, uint64_t salt, const int32_t *hist, int64_t L,
                int32_t last, int n, int max_n, int32_t *out) {
     if (L < n - 1 || n < 1) return 0;
-    uint64_t h = ngs_key_hash(hist, L, last, n), p_old = 1;
-    for (int i = 1; i < n; ++i) p_old *= NGS_P;
+    const uint64_t p_old = ngs_power(n);
+    uint64_t h = ngs_key_hash(hist, L, last, n);
     int k = 0;
     for (; k < max_n; ++k) {
         const int64_t v = ngs_get(table, shift, h, salt);
