@@ -84,6 +84,45 @@ def kernels_report(model_path: str | None) -> tuple[dict, dict]:
     return procs, context
 
 
+def device_report(model_path: str | None) -> dict:
+    """Exact decoding on a device (llama/fixed_shape.py): where llama.cpp has a device
+    besides the CPU, the start-up check of a fixed-shape context with every layer on it
+    (-ngl all), its result and shape; else why there is nothing to check."""
+    from .llama.kernels import guard
+
+    other = [n for n, t in guard.devices() if t != "CPU"]
+    out = {"devices": other, "ngl": "all", "rows": None, "exact": None, "reason": None}
+    if not other:
+        out["reason"] = "no device besides the CPU: -ngl has nothing to offload"
+        return out
+    try:
+        from .llama.context import ContextParams
+        from .llama.fixed_shape import FixedShapeContext
+        from .llama.model import Model
+
+        m = Model(model_path, n_gpu_layers=-1)
+        try:
+            ctx = FixedShapeContext(m, ContextParams(n_ctx=512, flash_attn=None))
+            check = ctx.self_check()
+            ctx.close()
+        finally:
+            m.close()
+        out.update(rows=check.rows, exact=check.passed, reason=check.reason,
+                   max_diff=check.max_diff, seconds=round(check.seconds, 3))
+    except Exception as e:  # a report, not a crash
+        out["reason"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+def drafting() -> dict:
+    """The drafters' C loops (speculative/native.py): loaded, or why the Python
+    reference runs."""
+    from .speculative import native
+
+    loaded = native.kernel() is not None
+    return {"native": loaded, "reason": "compiled and loaded" if loaded else native.reason()}
+
+
 def paths(slot_save_path: str | None) -> dict:
     """The cache folder (cost curves, compiled kernels, remembered failures) and the
     slot folder, each with whether it can be written."""
@@ -112,6 +151,8 @@ def collect(model_path: str | None, slot_save_path: str | None) -> dict:
     report = {"ngramspec": ours, "python": sys.version.split()[0],
               "platform": platform.platform(), "cpu": cpu(), "llama": llama()}
     report["kernels"], report["context"] = kernels_report(model_path)
+    report["drafting"] = drafting()
+    report["device"] = device_report(model_path)
     report["paths"] = paths(slot_save_path)
     report["env"] = {k: os.environ[k] for k in ENV_VARS if k in os.environ}
     return report
@@ -157,6 +198,13 @@ def text(r: dict) -> list[str]:
         lines.append(f"  {name:<9} {'active [' + st['variant'] + ']' if st['active'] else 'inactive'}"
                      f": {st['reason']} (variants: {', '.join(st['variants']['has'])}; this "
                      f"CPU runs {', '.join(st['variants']['cpu_runs']) or 'none'})")
+    lines.append(f"drafting loops: {'C' if r['drafting']['native'] else 'Python'} "
+                 f"({r['drafting']['reason']})")
+    d = r["device"]
+    lines.append("exact on a device: " + (
+        d["reason"] if d["exact"] is None else
+        f"{'yes' if d['exact'] else 'no'}, -ngl {d['ngl']} on {', '.join(d['devices'])} in "
+        f"{d['rows']}-row decodes: {d['reason']}"))
     p = r["paths"]
     for key in ("cache", "kernels", "slots"):
         if p[key]:

@@ -339,6 +339,8 @@ class Engine:
         least one row per slot). Draft lengths never change an output."""
         n_seq = self.ctx.params.n_seq_max
         logit_rows = max(LOGIT_BUFFER_MAX // (4 * self.model.n_vocab), n_seq)
+        if self.ctx.fixed_rows:  # a decode of fixed_rows rows a slot (llama/fixed_shape.py)
+            return self.ctx.fixed_rows, self.ctx.fixed_rows * n_seq
         if not self.ctx.invariant:
             return self.ctx.n_batch, min(self.ctx.n_batch, logit_rows)
         if self.ctx.per_seq_streams:  # U2 per stream; padding needs one spare row per entry

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..llama import file_pages
@@ -13,6 +13,7 @@ from .engine import Engine
 from ..errors import ConfigError
 from ..settings.llama_values import MLOCK_MODES
 from ..llama.context import TILED_PREFILL_MIN, ContextParams
+from ..llama.fixed_shape import ROWS as FIXED_ROWS, FixedShapeContext
 from ..llama.model import Model, check_model_file, default_model_path
 from ..speculative.memory import available_bytes, plan_auto
 from ..llama.omp import on_passing_thread
@@ -40,6 +41,9 @@ class LoadOptions:
     swa_full: bool = False  # --swa-full (or --context-shift): full-size SWA cache
     cache_type_k: str = "f16"  # -ctk/-ctv: KV cache types (model.KV_TYPES)
     cache_type_v: str = "f16"
+    # every decode of one fixed shape (llama/fixed_shape.py): None = where exactness needs
+    # it (layers on a device); True also on the CPU (tests: the same code without a GPU)
+    fixed_shape: bool | None = None
 
 
 def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
@@ -67,8 +71,10 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
             notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
                          f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
             n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
-    offload, note = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
+    offload, note, fixed = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
     notes += [note] if note else []
+    if batch_invariant and (fixed or opts.fixed_shape):
+        return replace(_fixed_shape_params(n_ctx, n_seq, threads, opts), op_offload=offload), notes
     if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
         raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
                           "the V cache only with it): drop -fa off or use -ctv f16")
@@ -81,30 +87,60 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
 
 
 def device_policy(n_gpu_layers: int, batch_invariant: bool,
-                  verbose: bool = False) -> tuple[bool, str | None]:
-    """(llama.cpp's op_offload, a note or None) for a build whose devices are
-    `kernels.guard.devices()`. Exactness is verified on the CPU backend only
-    (docs/exactness.md, "Builds with a GPU backend"): in exact mode with a device besides
-    the CPU, -ngl 0 keeps every node on the CPU (no op offload) and -ngl > 0 is refused
-    (ConfigError); --no-batch-invariance runs as llama.cpp would."""
+                  verbose: bool = False) -> tuple[bool, str | None, bool]:
+    """(llama.cpp's op_offload, a note or None, fixed-shape decodes) for a build whose
+    devices are `kernels.guard.devices()` (docs/exactness.md, "Builds with a GPU
+    backend"). In exact mode with a device besides the CPU: -ngl 0 keeps every node on
+    the CPU (no op offload) and the CPU's rules hold; -ngl > 0 (or all) decodes every
+    step in one fixed shape (llama/fixed_shape.py), on if its start-up check passes
+    (`open_fixed_shape`). --no-batch-invariance runs as llama.cpp would."""
     from ..llama.kernels import guard
     from ..llama.backend import _quiet_logs
 
     _quiet_logs(verbose)  # llama.cpp initialized (its logs quiet unless verbose): devices known
     other = [f"{n} ({t})" for n, t in guard.devices() if t != "CPU"]
     if not other or not batch_invariant:
-        return True, None
+        return True, None, False
     if n_gpu_layers != 0:
-        raise ConfigError(f"-ngl {n_gpu_layers if n_gpu_layers > 0 else 'all'} would put layers "
-                          f"on {', '.join(other)}: ngramspec's exactness is verified on the CPU "
-                          "backend only; use -ngl 0, or --no-batch-invariance to run on the "
-                          "device with output that may differ from spec-off")
+        return True, (f"-ngl {n_gpu_layers if n_gpu_layers > 0 else 'all'} on "
+                      f"{', '.join(other)}: every decode has one fixed shape "
+                      f"({FIXED_ROWS} rows a slot), as exactness on a device needs; "
+                      "ngramspec's kernels are off"), True
     return False, (f"llama.cpp has {', '.join(other)}: with -ngl 0 every node stays on the CPU "
-                   "(no op offload), as exactness needs; ngramspec's kernels are off")
+                   "(no op offload), as exactness needs; ngramspec's kernels are off"), False
+
+
+def _fixed_shape_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions) -> ContextParams:
+    """A fixed-shape context's settings: the user's -fa (llama.cpp decides with auto),
+    KV types and threads; the rest is the shape's own (fixed_shape.py)."""
+    fa = {"on": True, "off": False, "auto": None}[opts.flash_attn]
+    return ContextParams(n_ctx=n_ctx, n_batch=FIXED_ROWS, n_ubatch=FIXED_ROWS, n_seq_max=n_seq,
+                         n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
+                         batch_invariant=True, swa_full=True, type_k=opts.cache_type_k,
+                         type_v=opts.cache_type_v, fixed_rows=FIXED_ROWS)
+
+
+def open_fixed_shape(model: Model, params: ContextParams) -> FixedShapeContext:
+    """The fixed-shape context, after its start-up check (`self_check`); ConfigError with
+    the check's reason if the device's rows differ between one-row and verify decodes."""
+    try:
+        ctx = FixedShapeContext(model, params, params.fixed_rows)
+    except BaseException:
+        model.close()
+        raise
+    check = ctx.self_check()
+    if not check.passed:
+        ctx.close()
+        model.close()
+        raise ConfigError(f"-ngl {model.n_gpu_layers if model.n_gpu_layers >= 0 else 'all'}: "
+                          f"the device is not exact in fixed-shape decodes ({check.reason}); use "
+                          "-ngl 0, or --no-batch-invariance to run on the device with output "
+                          "that may differ from spec-off")
+    return ctx
 
 
 def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: bool,
-                 verbose: bool) -> tuple[Model, Model | None]:
+                 verbose: bool, fixed: bool = False) -> tuple[Model, Model | None]:
     """The generation model and, in exact mode where the CPU allows, its prefill twin
     (repacked weights, twin.py). The twin loads on a thread of its own while the main
     model loads (llama.cpp releases the GIL; most of a load is vocabulary and tensor
@@ -112,7 +148,7 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     the other and is raised."""
     path = check_model_file(model_path or default_model_path())
     load = {"verbose": verbose, "n_gpu_layers": opts.n_gpu_layers, "load_mode": opts.load_mode}
-    repack = opts.repack and repack_is_safe()
+    repack = opts.repack and repack_is_safe() and not fixed  # the twin is CPU code
     box: dict = {}
 
     def twin_target() -> None:
@@ -190,8 +226,10 @@ def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda
                                     s.verbose)
     for line in notes:
         notify(line)
-    model, twin = _load_models(s.model, s.options, s.batch_invariant, s.verbose)
-    ctx = open_context(model, cparams, twin)
+    model, twin = _load_models(s.model, s.options, s.batch_invariant, s.verbose,
+                               fixed=bool(cparams.fixed_rows))
+    ctx = (open_fixed_shape(model, cparams) if cparams.fixed_rows
+           else open_context(model, cparams, twin))
     dd = None
     if draft_path is not None:
         from ..speculative.draft_model import DraftModelDrafter

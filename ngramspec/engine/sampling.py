@@ -311,7 +311,7 @@ class Sampler:
             tok = ctx.argmax_at(index)
         else:
             ctx.logits_at(index)  # llama.cpp's buffer holds the row (Hook.materialize)
-            tok = int(_llama().llama_sampler_sample(self.chain, ctx.ptr, index))
+            tok = int(_llama().llama_sampler_sample(self.chain, *ctx.logits_source(index)))
         if p.n_probs > 0:  # post-sampling without a chain: greedy argmax, probability 1
             self._probs.append(TokenProbs(tok, 1.0, ((tok, 1.0),), True) if p.post_sampling_probs
                                else raw_probs(ctx.logits_at(index), tok, p.n_probs))

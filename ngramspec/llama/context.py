@@ -81,6 +81,8 @@ class ContextParams:
     # llama.cpp may offload a CPU node to a GPU device for large batches (its op_offload);
     # off where exactness needs every node on the CPU (runtime.device_policy)
     op_offload: bool = True
+    # rows of every decode, a slot at a time (llama/fixed_shape.py: exact on a device); 0: none
+    fixed_rows: int = 0
 
     @property
     def ubatch(self) -> int:
@@ -165,6 +167,7 @@ class Context(FreedOnCollect):
     twin = None  # a TwinnedContext's prefill twin
     prompts_in_twin = False  # True in a TwinnedContext (the SWA cache's size, rule W)
     compute_s = 0.0  #: the last run_rows' llama_decode + llama_synchronize + our output layer
+    fixed_rows = 0  #: every decode's rows per slot in a fixed-shape context (fixed_shape.py)
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
         lc = _llama()
@@ -304,23 +307,10 @@ class Context(FreedOnCollect):
 
     def layout_for(self, entries: Sequence[tuple[int, int, int]],
                    room: int | None = None) -> ubatch.Layout:
-        """The layout (padding, ubatches) of a decode of entries (seq_id, n_tokens,
-        n_logits); `room`: cells left in the last entry's stream after its tokens.
-        Raises ValueError if it does not fit or cannot be made invariant."""
-        total = sum(n for _, n, _ in entries)
-        if total > self.n_batch:
-            raise ValueError(f"batch of {total} tokens exceeds n_batch={self.n_batch}")
-        lay = ubatch.layout(entries, self.n_ubatch, self.per_seq_streams, pad=self.invariant,
-                            quantum=self.logit_quantum, room=room, lone_ok=self.lone_ok)
-        n_pads = sum(lay.pads.values())
-        if n_pads + total > self.n_batch:
-            raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "
-                             f"n_batch={self.n_batch}")
-        if self.invariant:
-            why = ubatch.invariant_violation(lay.ubatches, self.lone_ok)
-            if why is not None:
-                raise ValueError(f"decode of {list(entries)} is not batch-invariant: {why}")
-        return lay
+        """`ubatch.checked_layout` of a decode of entries (seq_id, n_tokens, n_logits)
+        in this context; `room`: cells left in the last entry's stream after its tokens."""
+        return ubatch.checked_layout(entries, self.n_batch, self.n_ubatch, self.per_seq_streams,
+                                     self.invariant, self.logit_quantum, room, self.lone_ok)
 
     def logits_at(self, index: int) -> np.ndarray:
         """Logits of batch index `index` of the last decode (a view; `Hook.materialize`)."""
@@ -333,6 +323,14 @@ class Context(FreedOnCollect):
         """numpy's argmax of `logits_at(index)` (our output layer's, where it found it)."""
         tok = self.head.tops.get(index) if self.head is not None else None
         return tok if tok is not None else int(np.argmax(self.logits_at(index)))
+
+    def logits_source(self, index: int) -> tuple:
+        """(llama_context, batch index) holding logit row `index` (llama.cpp's samplers)."""
+        return self.ptr, index
+
+    def seq_handle(self, seq_id: int) -> tuple:
+        """(llama_context, llama.cpp sequence id) of `seq_id`'s cells (slot files)."""
+        return self.ptr, seq_id
 
     def truncate(self, seq_id: int, n: int) -> None:
         """Drop KV entries of `seq_id` at positions >= n."""

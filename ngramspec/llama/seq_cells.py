@@ -61,8 +61,8 @@ def save_file(ctx, seq_id: int, path: str | os.PathLike, payload: Sequence[int])
     lc = _llama()
     words = np.ascontiguousarray(payload, dtype=np.int32)
     ptr = words.ctypes.data_as(ctypes.POINTER(lc.llama_token))
-    return int(lc.llama_state_seq_save_file(ctx.ptr, os.fsencode(path), seq_id, ptr,
-                                            len(words)))
+    handle, seq = ctx.seq_handle(seq_id)
+    return int(lc.llama_state_seq_save_file(handle, os.fsencode(path), seq, ptr, len(words)))
 
 
 def load_file(ctx, seq_id: int, path: str | os.PathLike) -> tuple[np.ndarray, int]:
@@ -72,11 +72,12 @@ def load_file(ctx, seq_id: int, path: str | os.PathLike) -> tuple[np.ndarray, in
     lc = _llama()
     n = ctypes.c_size_t(0)
     raw = os.fsencode(path)
-    if lc.llama_state_seq_load_file(ctx.ptr, raw, seq_id, None, 0, ctypes.byref(n)) == 0:
+    handle, seq = ctx.seq_handle(seq_id)
+    if lc.llama_state_seq_load_file(handle, raw, seq, None, 0, ctypes.byref(n)) == 0:
         raise ValueError("not a sequence state file")
     buf = (lc.llama_token * max(1, n.value))()
     ctx.clear(seq_id)
-    nread = lc.llama_state_seq_load_file(ctx.ptr, raw, seq_id, buf, len(buf), ctypes.byref(n))
+    nread = lc.llama_state_seq_load_file(handle, raw, seq, buf, len(buf), ctypes.byref(n))
     if nread == 0:
         ctx.clear(seq_id)
         raise ValueError("No available space in KV cache or invalid slot save file")

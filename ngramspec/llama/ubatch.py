@@ -253,3 +253,24 @@ def _pad_rows_in(entries, pads, ubatches, i, s) -> bool:
     n = next(n for q, n, _ in entries if q == s)
     start = sum(dict(ub.take).get(s, 0) for ub in ubatches[:i])
     return start + dict(ubatches[i].take)[s] > n and pads.get(s, 0) > 0
+
+
+def checked_layout(entries, n_batch: int, n_ubatch: int, per_seq_streams: bool,
+                   invariant: bool, quantum: int, room: int | None, lone_ok: bool) -> Layout:
+    """The layout (padding, ubatches) of a decode of entries (seq_id, n_tokens, n_logits)
+    in a context of these settings (`Context.layout_for`). Raises ValueError if it does
+    not fit n_batch with its padding or, in a batch-invariant context, breaks a rule."""
+    total = sum(n for _, n, _ in entries)
+    if total > n_batch:
+        raise ValueError(f"batch of {total} tokens exceeds n_batch={n_batch}")
+    lay = layout(entries, n_ubatch, per_seq_streams, pad=invariant, quantum=quantum, room=room,
+                 lone_ok=lone_ok)
+    n_pads = sum(lay.pads.values())
+    if n_pads + total > n_batch:
+        raise ValueError(f"batch of {total} tokens plus {n_pads} padding tokens exceeds "
+                         f"n_batch={n_batch}")
+    if invariant:
+        why = invariant_violation(lay.ubatches, lone_ok)
+        if why is not None:
+            raise ValueError(f"decode of {list(entries)} is not batch-invariant: {why}")
+    return lay

@@ -53,11 +53,22 @@ class Shape:
 
 @functools.lru_cache(maxsize=16384)
 def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: bool,
-                    quantum: int, lone_ok: bool) -> tuple[np.ndarray, tuple[int, ...]]:
+                    quantum: int, lone_ok: bool, fixed_rows: int = 0
+                    ) -> tuple[np.ndarray, tuple[int, ...]]:
     """(the features of a decode of `entries` = ((seq_id, n_tokens, n_logits), ...) with
     the KV term 0, each entry's tokens with its padding), laid out by `ubatch.layout`,
     remembered: the planner prices the same few shapes thousands of times a run (a
-    layout does not depend on the cells or the coefficients). Read-only."""
+    layout does not depend on the cells or the coefficients). Read-only.
+
+    `fixed_rows` (a fixed-shape context, llama/fixed_shape.py): each entry is decoded
+    as ceil(n / fixed_rows) decodes of fixed_rows rows, all with logits, over the whole
+    cache (no KV term: its size never changes), so a draft that fits costs nothing more."""
+    if fixed_rows:
+        n_dec = sum(-(-n // fixed_rows) for _, n, _ in entries)
+        rows = n_dec * fixed_rows
+        x = np.array([n_dec, rows, rows, 0.0, 0, n_dec if fixed_rows > 1 else 0])
+        x.flags.writeable = False
+        return x, (0,) * len(entries)
     lay = ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
                         lone_ok=lone_ok)
     padded = tuple(n + lay.pads.get(s, 0) for s, n, _ in entries)
@@ -91,6 +102,7 @@ class DecodeCost:
     pad: bool = True  # batch-invariant padding (ubatch.pads_needed)
     lone_ok: bool = False  # a lone token needs no padding row (Context.lone_ok)
     logit_quantum: int = 2  # sgemm columns per pass (model.logit_quantum)
+    fixed_rows: int = 0  # rows of every decode of a fixed-shape context (0: none)
 
     def __post_init__(self) -> None:
         if self.per_ubatch <= 0 or min(self.per_token, self.per_logit, self.per_kv,
@@ -101,7 +113,7 @@ class DecodeCost:
     def _fixed(self, entries: tuple) -> tuple[np.ndarray, tuple[int, ...]]:
         """`_fixed_features` of `entries` in this model's layout."""
         return _fixed_features(entries, self.n_ubatch, self.per_seq_streams, self.pad,
-                               self.logit_quantum, self.lone_ok)
+                               self.logit_quantum, self.lone_ok, self.fixed_rows)
 
     def features(self, shapes: Sequence[Shape]) -> np.ndarray:
         """(ubatches, tokens with padding, logit rows, token-kilocells, ragged-logit
@@ -146,7 +158,7 @@ class DecodeCost:
         hit = memo.get("alone")
         if hit is None:
             x, tok = _alone_features(self.n_ubatch, self.per_seq_streams, self.pad,
-                                     self.logit_quantum, self.lone_ok)
+                                     self.logit_quantum, self.lone_ok, self.fixed_rows)
             sec = x @ self.coef
             slope = float(np.min((sec[1:] - sec[0]) / np.arange(1, len(sec))))
             hit = memo["alone"] = (sec, tok, max(slope, 0.0))
@@ -411,7 +423,8 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
            f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
-           + _kernel_key(ctx) + _backend_key(ctx))
+           + _kernel_key(ctx) + _backend_key(ctx)
+           + (f":rows={ctx.fixed_rows}" if ctx.fixed_rows else ""))
     scratch: dict[int, int] = {}
     measure = _measure_on(ctx, scratch)
     try:
