@@ -97,9 +97,9 @@ def test_a_decode_holds_at_most_the_logit_buffer_cap():
 
     from ngramspec.engine.engine import LOGIT_BUFFER_MAX, Engine
 
-    def limits(n_vocab, n_seq, invariant=True, n_batch=512):
+    def limits(n_vocab, n_seq, invariant=True, n_batch=512, fixed_rows=0):
         ctx = SimpleNamespace(invariant=invariant, per_seq_streams=n_seq > 1, n_batch=n_batch,
-                              params=SimpleNamespace(n_seq_max=n_seq))
+                              params=SimpleNamespace(n_seq_max=n_seq), fixed_rows=fixed_rows)
         return Engine._limits(SimpleNamespace(ctx=ctx, model=SimpleNamespace(n_vocab=n_vocab)))
 
     assert LOGIT_BUFFER_MAX // (4 * 262144) == 128
@@ -108,6 +108,7 @@ def test_a_decode_holds_at_most_the_logit_buffer_cap():
     assert limits(262144, 200, n_batch=4096) == (63, 200)  # one row per slot at least
     assert limits(49152, 8) == (63, 504)  # SmolLM2: n_batch - n_seq as before
     assert limits(262144, 8, invariant=False) == (512, 128)
+    assert limits(262144, 4, fixed_rows=8) == (8, 32)  # one 8-row decode a slot (fixed_shape.py)
     # the planner keeps the total: 8 sequences that would each draft 48
     ks = plan([opts(0.9)] * 8, [Shape(s, 1, 1) for s in range(8)], None, 63, 128)
     assert sum(ks) + 8 <= 128
