@@ -73,7 +73,8 @@ def run_batch(work: Path, name: str, inp: Path, args, extra: list[str]) -> dict:
             "gen_ms": sum(x["timings"]["predicted_ms"] for x in lines),
             "wall": s["wall"], "accepted": s["prediction_accepted"],
             "rejected": s["prediction_rejected"], "drafted": s["drafted"],
-            "failed": s["failed"], "path": str(out)}
+            "failed": s["failed"], "path": str(out),
+            "records": {x["id"]: x["timings"] for x in lines}}
 
 
 def wrong_previous(work: Path, first: dict) -> Path:
@@ -226,6 +227,13 @@ def per_kind(first: dict, b: dict) -> None:
             print(f"edited, output {label} ({len(ids)}): --previous takes {prev / cold:.2f}x "
                   f"the cold generation ({prev / 1e3:.1f} s vs {cold / 1e3:.1f} s; worst "
                   f"record {worst:.2f}x)")
+            for i in ids:  # per record: its prediction's drafted / accepted tokens
+                t = b["previous"].get("records", {}).get(i, {})
+                print(f"  {i}: {gen['previous'][i] / gen['cold'][i]:.2f}x (cold "
+                      f"{gen['cold'][i]:.0f} ms, previous {gen['previous'][i]:.0f} ms; "
+                      f"prediction accepted/rejected {t.get('prediction_n_accepted')}/"
+                      f"{t.get('prediction_n_rejected')}, all drafts {t.get('draft_n')}/"
+                      f"{t.get('draft_n_accepted')})")
 
 
 def report(args, runs: dict[str, list[dict]], first: dict) -> None:

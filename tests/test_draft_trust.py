@@ -90,6 +90,7 @@ def test_cost_policy_scores_its_drafted_decodes():
         copying = False
         stats: dict = {}
         seq_id = 0
+        budget = None  # no prediction of its own
     for _ in range(20):  # 32 drafted, ~all predicted, 4 accepted, at the predicted speed
         pol.observe_decode(shapes, predicted)
         pol.observe(Seq(), [1] * 5, 4)

@@ -196,7 +196,10 @@ def test_server_reports_prediction_usage_and_keeps_the_text():
     sp = start_server(["-np", "1", "--temp", "0", "-c", "2048", "-t", threads], timeout=180)
     try:
         oai = OpenAI(base_url=sp.url + "/v1", api_key="none", timeout=120, max_retries=0)
-        msgs = [{"role": "user", "content": ASK + DOC}]
+        # an answer the prompt does not contain: only the prediction can draft it (a
+        # rewrite of DOC is drafted from the prompt's copy before the prediction's
+        # per-record credit allows it long drafts: own_budget.py)
+        msgs = [{"role": "user", "content": "Write a short poem about a lighthouse at night."}]
         plain = oai.chat.completions.create(model="m", messages=msgs, max_tokens=48,
                                             temperature=0)
         text = plain.choices[0].message.content

@@ -214,6 +214,10 @@ class CostPolicy:
                  room: int) -> DraftOptions:
         props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
                                  first_only=not self.compare_all, extra=sp.own)
+        if props and sp.budget is not None:  # a request's prediction: its record's credit
+            cap = sp.budget.cap(self.cost)
+            props = [p for p in ((d, dr[:cap] if d in sp.own else dr) for d, dr in props)
+                     if len(p[1])]
         if not props:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}
@@ -245,10 +249,14 @@ class CostPolicy:
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d, sp.committed[1], n_accepted)
+                if sp.budget is not None and d in sp.own:
+                    sp.budget.settle(self.cost, sp.committed[1], n_accepted)
                 continue
             n, m = min(len(dr), len(emitted)), 0
             while m < n and dr[m] == emitted[m]:  # the agreeing run (short: a Python loop)
                 m += 1
+            if sp.budget is not None and d in sp.own:
+                sp.budget.settle(self.cost, 0, m)  # right (or not), whoever drafted
             if m < n:  # a miss at m: positions 0..m seen, m accepted
                 self._update(sp, d, len(dr), m)
             elif m > 0:  # all known tokens matched: censored at m

@@ -24,6 +24,7 @@ import numpy as np
 
 from .acceptance import AcceptanceStats
 from .drafters import EMPTY, DrafterChain
+from .own_budget import OwnBudget
 
 
 @dataclass
@@ -60,6 +61,8 @@ class Speculation:
     def __init__(self, seq_id: int, chain: DrafterChain, policy, own: Sequence = ()):
         self.seq_id, self.chain, self.policy = seq_id, chain, policy
         self.own = tuple(own)  # this sequence's own drafters (a client's prediction), asked first
+        # the credit that caps the own drafters' lengths (CostPolicy; own_budget.py)
+        self.budget = OwnBudget(sum(len(getattr(d, "pred", ())) for d in own)) if own else None
         # this sequence's acceptance per (drafter, copying) (CostPolicy)
         self.stats: dict[tuple[str, bool], AcceptanceStats] = {}
         self.copying = False  # the previous step verified a draft and accepted all of it
