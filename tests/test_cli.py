@@ -129,3 +129,23 @@ def test_bench_draft_model_type_measures_the_draft_model(tmp_path):
     assert modes["draft-simple"]["drafted"] > 0 and modes["draft-simple"]["exact"]
     bad = run("bench", "--spec-type", "draft-simple", "-n", "4", "--workloads", "none", str(prompt))
     assert bad.exit_code == 2 and "-md" in bad.output
+
+
+def test_bench_has_subcommands_and_the_old_spelling_still_works():
+    """`bench fixtures` and `bench pipeline` (issue 55); `bench [FILES] [--parallel N]`
+    routes to the one the options mean. Checked on their errors: nothing loads."""
+    r = run("bench", "--help")
+    assert r.exit_code == 0 and "fixtures" in r.output and "pipeline" in r.output
+    assert "refactor" in r.output  # the workloads are listed (tests/test_wheel.py)
+    r = run("bench", "fixtures", "--help")
+    assert r.exit_code == 0 and "--workloads" in r.output and "--parallel" not in r.output
+    r = run("bench", "pipeline", "--help")
+    assert r.exit_code == 0 and "--parallel" in r.output and "--reps" not in r.output
+    for args, msg in ((("bench", "--parallel", "0"), "slot counts >= 1"),
+                      (("bench", "pipeline", "--parallel", "x"), "slot counts like"),
+                      (("bench", "--reps", "0"), "--reps and -n must be >= 1"),
+                      (("bench", "fixtures", "-n", "0"), "--reps and -n must be >= 1")):
+        r = run(*args)
+        assert r.exit_code == 2 and msg in r.output, (args, r.output)
+    r = run("bench", "fixtures", "--parallel", "1")
+    assert r.exit_code == 2 and "No such option" in r.output

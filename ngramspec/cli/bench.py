@@ -1,6 +1,7 @@
-"""`ngramspec bench`: speculation off against on, measured in one run, by workload
-(`bench.command`) or as a pipeline side by side with llama-server (`--parallel`,
-`bench.pipeline`); the tables are the bench package's."""
+"""`ngramspec bench`: speculation off against on, measured in one run: `bench fixtures`
+by workload (`bench.command`), `bench pipeline` side by side with llama-server
+(`bench.pipeline`); the old spelling (`bench [FILES] [--parallel N]`) still works. The
+tables are the bench package's."""
 from __future__ import annotations
 
 import json
@@ -17,55 +18,122 @@ from ..errors import ConfigError
 from ..settings import click_options
 
 
-@click.command(context_settings=click_options.CONTEXT_SETTINGS)
-@click.argument("prompt_files", nargs=-1, type=click.Path(dir_okay=False))
-@click_options.options("bench")
-@click.option("--reps", type=int, default=2, show_default=True, help="runs per mode (interleaved)")
-@click.option("--workloads", default=None,
-              help="comma list of fixture workloads to run (default: all; 'none' for only "
-                   "files): " + (", ".join(sorted(p.stem for p in FIXTURE_DIR.glob("*.txt")))
-                                 or f"none found in {FIXTURE_DIR}"))
-@click.option("--no-oracle", is_flag=True, help="skip the oracle drafter")
-@click.option("--json-out", type=click.Path(dir_okay=False), default=None, help="write JSON here")
-@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
-              help="write a PNG chart of the speedups here")
-@click.option("--llama-server", "llama_server", default=None,
-              help="path of a C++ llama-server binary to run on the same prompts and types")
-@click.option("--parallel", default=None,
-              help="pipeline mode: comma list of slot counts (e.g. 1,4,8); documents go through "
-                   "`ngramspec serve -np N` with N concurrent clients (and --llama-server's)")
-@click.option("--docs", default=None,
-              help="pipeline mode: a JSONL file of {id, prompt} or a directory of prompt files "
-                   "(default: held-out documents from Python's standard library)")
-@click.option("--n-docs", type=int, default=None, help="pipeline mode: use the first N documents")
-@click.option("--peer-types", default="ngram-mod,ngram-map-k4v,ngram-simple,ngram-map-k",
-              show_default=True, help="pipeline mode: llama-server spec types to run")
-@click.option("--own-types", default="ngram-mod,ngram-simple", show_default=True,
-              help="pipeline mode: ngramspec's fixed spec types to run beside auto ('none': "
-                   "only off, auto and the oracle); TYPE:fixed runs TYPE on a server with "
-                   "--draft-policy fixed (llama.cpp's lengths)")
-@click.option("--rounds", type=int, default=1, show_default=True,
-              help="pipeline mode: run every configuration this many times, interleaved "
-                   "(forward, backward, ...), every server loaded and all but the timed one "
-                   "stopped; the table shows each one's median round")
-@click.pass_context
-def bench(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracle, json_out,
-          plot_path, llama_server, parallel, docs, n_docs, peer_types, own_types, rounds,
-          verbose, **kw) -> None:
-    """Benchmark tok/s: speculation off vs every spec type (and the oracle), greedy.
+_WORKLOADS = (", ".join(sorted(p.stem for p in FIXTURE_DIR.glob("*.txt")))
+              or f"none found in {FIXTURE_DIR}")
+_SHARED = [
+    click.option("--json-out", type=click.Path(dir_okay=False), default=None,
+                 help="write JSON here"),
+    click.option("--llama-server", "llama_server", default=None,
+                 help="path of a C++ llama-server binary to run on the same prompts and types"),
+]
+_FIXTURES = [
+    click.argument("prompt_files", nargs=-1, type=click.Path(dir_okay=False)),
+    click.option("--reps", type=int, default=2, show_default=True,
+                 help="runs per mode (interleaved)"),
+    click.option("--workloads", default=None,
+                 help="comma list of fixture workloads to run (default: all; 'none' for only "
+                      "files): " + _WORKLOADS),
+    click.option("--no-oracle", is_flag=True, help="skip the oracle drafter"),
+    click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None,
+                 help="write a PNG chart of the speedups here"),
+]
+_PIPELINE = [
+    click.option("--docs", default=None,
+                 help="a JSONL file of {id, prompt} or a directory of prompt files (default: "
+                      "held-out documents from Python's standard library)"),
+    click.option("--n-docs", type=int, default=None, help="use the first N documents"),
+    click.option("--peer-types", default="ngram-mod,ngram-map-k4v,ngram-simple,ngram-map-k",
+                 show_default=True, help="llama-server spec types to run"),
+    click.option("--own-types", default="ngram-mod,ngram-simple", show_default=True,
+                 help="ngramspec's fixed spec types to run beside auto ('none': only off, auto "
+                      "and the oracle); TYPE:fixed runs TYPE on a server with --draft-policy "
+                      "fixed (llama.cpp's lengths)"),
+    click.option("--rounds", type=int, default=1, show_default=True,
+                 help="run every configuration this many times, interleaved (forward, "
+                      "backward, ...), every server loaded and all but the timed one stopped; "
+                      "the table shows each one's median round"),
+]
+_PARALLEL_HELP = ("comma list of slot counts; documents go through `ngramspec serve -np N` with "
+                  "N concurrent clients (and --llama-server's)")
 
-    Each spec type in --spec-type is a separate mode; the table shows the median
-    tok/s of `reps` interleaved runs and the speedup over `off` from this run.
-    With --parallel, documents run through servers instead (`bench/pipeline.py`).
-    """
+
+def _options(*groups):
+    """The decorators of `groups` (lists of click options/arguments), the flag table's
+    bench flags first."""
+    def apply(f):
+        for deco in reversed([d for g in groups for d in g]):
+            f = deco(f)
+        return click_options.options("bench")(f)
+    return apply
+
+
+class BenchGroup(click.Group):
+    """`bench fixtures` and `bench pipeline`. The old spelling, `bench [FILES] [--parallel
+    N] ...` with every option of both, still works: arguments that do not start with a
+    subcommand run the hidden `all`, which takes --parallel to mean the pipeline."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["all", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=BenchGroup, context_settings=click_options.CONTEXT_SETTINGS,
+             help="Benchmark tok/s: speculation off against on, measured in one run.\n\n"
+                  "`bench fixtures`: every --spec-type mode (and the oracle) on the fixture "
+                  "workloads (" + _WORKLOADS + ") and prompt files, greedy. `bench pipeline "
+                  "--parallel 1,4`: documents through servers beside llama-server. The old "
+                  "spelling (`bench [FILES] [--parallel N] ...`) still works.")
+def bench() -> None:
+    pass
+
+
+@bench.command("fixtures", context_settings=click_options.CONTEXT_SETTINGS)
+@_options(_FIXTURES, _SHARED)
+@click.pass_context
+def bench_fixtures(ctx: click.Context, **kw) -> None:
+    """Speculation off vs every spec type (and the oracle) on the fixture workloads and
+    prompt files, greedy: the median tok/s of `reps` interleaved runs a mode."""
+    _fixtures(ctx, **kw)
+
+
+@bench.command("pipeline", context_settings=click_options.CONTEXT_SETTINGS)
+@_options(_PIPELINE, _SHARED)
+@click.option("--parallel", default="1,4", show_default=True, help=_PARALLEL_HELP)
+@click.pass_context
+def bench_pipeline(ctx: click.Context, **kw) -> None:
+    """Held-out documents through `ngramspec serve -np N` (and llama-server), N concurrent
+    clients: aggregate tok/s per slot count, mode and server."""
+    _pipeline(ctx, **kw)
+
+
+@bench.command("all", hidden=True, context_settings=click_options.CONTEXT_SETTINGS)
+@_options(_FIXTURES, _PIPELINE, _SHARED)
+@click.option("--parallel", default=None, help="pipeline mode: " + _PARALLEL_HELP)
+@click.pass_context
+def bench_all(ctx: click.Context, prompt_files, reps, workloads, no_oracle, plot_path,
+              docs, n_docs, peer_types, own_types, rounds, parallel, **kw) -> None:
+    """The old spelling: the pipeline with --parallel, else the fixtures."""
     if parallel is not None:
-        passed = {"targets": ("model", "spec"),
-                  "skip": ("model", "ctx_size", "threads", "spec_type")}
-        _bench_pipeline(parallel, docs, n_docs, n_predict, kw["threads"], kw["ctx_size"],
-                        kw["model"], llama_server, peer_types, json_out, own_types,
-                        (click_options.given_argv(ctx, "bench", **passed),
-                         click_options.given_argv(ctx, "bench", **passed, peer=True)), rounds)
-        return
+        _pipeline(ctx, parallel=parallel, docs=docs, n_docs=n_docs, peer_types=peer_types,
+                  own_types=own_types, rounds=rounds, **kw)
+    else:
+        _fixtures(ctx, prompt_files=prompt_files, reps=reps, workloads=workloads,
+                  no_oracle=no_oracle, plot_path=plot_path, **kw)
+
+
+def _pipeline(ctx: click.Context, parallel, docs, n_docs, peer_types, own_types, rounds,
+              json_out, llama_server, n_predict, verbose, **kw) -> None:
+    passed = {"targets": ("model", "spec"), "skip": ("model", "ctx_size", "threads", "spec_type")}
+    _bench_pipeline(parallel, docs, n_docs, n_predict, kw["threads"], kw["ctx_size"],
+                    kw["model"], llama_server, peer_types, json_out, own_types,
+                    (click_options.given_argv(ctx, "bench", **passed),
+                     click_options.given_argv(ctx, "bench", **passed, peer=True)), rounds)
+
+
+def _fixtures(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_oracle,
+              json_out, plot_path, llama_server, verbose, **kw) -> None:
+    """`bench fixtures`: every mode on every workload, one model load."""
     from ..bench import command as B
     from ..settings.config import check_draft_model, parse_spec_types
     from ..engine.runtime import load_engine
