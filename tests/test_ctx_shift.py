@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
+from ngramspec.engine.request import Request
 from ngramspec.engine.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 
@@ -26,7 +27,8 @@ LONG_CODE = CODE * 4  # 233 tokens
 
 
 def run(engine, prompt, speculative, shift, n_predict=80, seq_id=0):
-    st = engine.start(seq_id, prompt, GREEDY, n_predict, speculative, context_shift=shift)
+    st = engine.start(seq_id, Request(prompt=prompt, sampling=GREEDY, n_predict=n_predict,
+                                      speculative=speculative, context_shift=shift))
     out = None
     while out is None:
         out = engine.prefill(st)

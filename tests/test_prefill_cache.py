@@ -11,6 +11,7 @@ from ngramspec.bench.corpus import documents, edit_prompt
 from ngramspec.engine.engine import Engine
 from ngramspec.llama.context import Context, ContextParams
 from ngramspec.llama.twin import open_context
+from ngramspec.engine.request import Request
 from ngramspec.engine.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
@@ -20,7 +21,7 @@ N = 32
 
 def run(engine, seq_id, prompt, chunk=512, n=N, **kw):
     """One sequence alone: (tokens, state)."""
-    st = engine.start(seq_id, prompt, GREEDY, n, **kw)
+    st = engine.start(seq_id, Request(prompt=prompt, sampling=GREEDY, n_predict=n, **kw))
     first = None
     while first is None:
         first = engine.prefill(st, chunk)
@@ -52,14 +53,14 @@ def test_long_prefill_interleaved_with_a_generating_slot(model, twin_model, thre
     want_long, st = run(solo, 0, long)
     ref_long = logit_log.pop(id(st.sampler))
     two = Engine(model, open_context(model, ContextParams(n_ctx=8192, n_seq_max=2, n_threads=threads), twin_model), SpecConfig(types=("ngram-simple",)))
-    a = two.start(0, short, GREEDY, N)
+    a = two.start(0, Request(prompt=short, sampling=GREEDY, n_predict=N))
     first = None
     while first is None:
         first = two.prefill(a)
     out_a, out_b = list(first.tokens), []
     a_steps = [two.step([a])[0] for _ in range(3)]  # slot 0 is generating ...
     out_a += [t for o in a_steps for t in o.tokens]
-    b = two.start(1, long, GREEDY, N)
+    b = two.start(1, Request(prompt=long, sampling=GREEDY, n_predict=N))
     for chunk in (128, 300, 512, 200, 512):  # ... while slot 1's prompt goes in, chunk by chunk
         if not b.prefilling:
             break

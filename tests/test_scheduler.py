@@ -21,8 +21,9 @@ def _job(model, sched: Scheduler, seen: queue.Queue, prompt: str) -> Job:
         if ev.final:
             seen.put((ev.error, sched.n_busy(), job.finished, sched.counters.requests_finished))
 
-    job = Job(np.asarray(model.tokenize(prompt), dtype=np.int32), SamplingParams(), 4,
-              True, SpecConfig(types=("ngram-simple",)), [], sink)
+    job = Job(prompt=np.asarray(model.tokenize(prompt), dtype=np.int32),
+              sampling=SamplingParams(), n_predict=4, speculative=True,
+              spec=SpecConfig(types=("ngram-simple",)), stop=[], sink=sink)
     return job
 
 

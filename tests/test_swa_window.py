@@ -10,6 +10,8 @@ import hashlib
 import random
 
 import numpy as np
+
+from ngramspec.engine.request import Request
 import pytest
 
 from ngramspec.llama.context import ContextParams
@@ -102,8 +104,9 @@ def test_context_shift_asks_for_a_full_size_cache(make_engine, model):
     if engine.ctx.swa_span is None:
         pytest.skip("no prefill twin here: the SWA cache is full size")
     with pytest.raises(ConfigError, match="--swa-full"):
-        engine.start(0, model.tokenize("Hello"), SamplingParams(temperature=0), 8,
-                     context_shift=(-1, 0))
+        engine.start(0, Request(prompt=model.tokenize("Hello"),
+                                sampling=SamplingParams(temperature=0), n_predict=8,
+                                context_shift=(-1, 0)))
 
 
 def test_the_server_turns_swa_full_on_with_context_shift():

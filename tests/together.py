@@ -1,12 +1,15 @@
 """Several sequences of one engine decoded together, as the scheduler runs its slots."""
 from __future__ import annotations
 
+from ngramspec.engine.request import Request
+
 
 def run_together(engine, prompts, samplings, n_predict):
     """Prompt i (token ids) starts in slot i with samplings[i]; each prompt is prefilled,
     then every sequence steps in the same decodes until all are done. Returns the tokens
     per slot and the finished SeqStates (their samplers and draft counts)."""
-    states = [engine.start(i, p, sp, n_predict) for i, (p, sp) in enumerate(zip(prompts, samplings))]
+    states = [engine.start(i, Request(prompt=p, sampling=sp, n_predict=n_predict))
+              for i, (p, sp) in enumerate(zip(prompts, samplings))]
     toks = []
     for st in states:
         first = None

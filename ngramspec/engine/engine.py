@@ -57,6 +57,7 @@ from ..llama.context import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context
 from ..llama.model import ContextOverflow, Model
 from ..speculative.policy import DraftPolicy, FixedPolicy
 from ..speculative.pool import HashPool
+from .request import Request
 from .sampling import Sampler, SamplingParams
 from ..speculative.speculation import NO_OPTIONS, Speculation
 from ..speculative.stats import DrafterStats
@@ -204,21 +205,14 @@ class Engine:
         cfg = self.spec if spec is None else spec
         return wanted and (cfg.enabled or self.draft_drafter is not None or prediction)
 
-    def start(self, seq_id: int, prompt: Sequence[int] | np.ndarray, sampling: SamplingParams,
-              n_predict: int = 256, speculative: bool = True, spec: SpecConfig | None = None,
-              cache_prompt: bool = True, prediction: Sequence[int] | None = None,
-              context_shift: tuple[int, int] | None = None) -> SeqState:
-        """Admit a new sequence: sampler, speculation and the slot's cached prefix.
-        Nothing is evaluated: `prefill` does that.
-
-        `spec` overrides the engine's SpecConfig for this sequence; speculative=False
-        or an empty type list turns drafting off for it. `prediction` (token ids of
-        the output the client expects) drafts first, whatever the spec types.
-        `context_shift` = (n_keep, n_discard) as a llama-server request gives them
-        (n_keep -1: the whole prompt): the sequence shifts instead of stopping when
-        its context is full, and n_predict < 0 means until end of generation.
-        """
-        prompt = as_tokens(prompt, "prompt")
+    def start(self, seq_id: int, req: Request) -> SeqState:
+        """Admit a new sequence for `req` (a Request, or the jobs layer's Job, which is
+        one): sampler, speculation and the slot's cached prefix. Nothing is evaluated:
+        `prefill` does that."""
+        n_predict, speculative, spec, prediction = (req.n_predict, req.speculative, req.spec,
+                                                    req.prediction)
+        sampling, cache_prompt, context_shift = req.sampling, req.cache_prompt, req.context_shift
+        prompt = as_tokens(req.prompt, "prompt")
         if len(prompt) == 0:
             raise ConfigError("the prompt is empty")
         n_ctx = self.ctx.n_ctx_seq
@@ -469,7 +463,8 @@ class Engine:
                       speculative: bool = True, seq_id: int = 0,
                       spec: SpecConfig | None = None) -> Iterator[tuple[SeqState, StepOutput]]:
         """Yield (state, StepOutput) per decode that emitted for one sequence until it finishes."""
-        st = self.start(seq_id, prompt, sampling, n_predict, speculative, spec)
+        st = self.start(seq_id, Request(prompt=prompt, sampling=sampling, n_predict=n_predict,
+                                        speculative=speculative, spec=spec))
         try:
             first = None
             while first is None:

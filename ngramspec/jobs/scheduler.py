@@ -38,13 +38,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
-from ..settings.config import SpecConfig
 from ..engine.engine import Engine, SeqState, StepOutput
 from ..errors import NgramSpecError, Unavailable
 from ..engine.generate import Generation, GenerationResponse
-from ..engine.sampling import SamplingParams
+from ..engine.request import Request
 
 log = logging.getLogger("ngramspec.server")
 _ids = itertools.count(1)
@@ -74,21 +71,16 @@ class Event:
         return self.response.tokens if self.response is not None else []
 
 
-@dataclass
-class Job:
-    prompt: np.ndarray
-    sampling: SamplingParams
-    n_predict: int  # already clamped to the slot's context
-    speculative: bool
-    spec: SpecConfig | None
+@dataclass(kw_only=True)
+class Job(Request):
+    """An engine Request (prompt, sampling, n_predict already clamped to the slot's
+    context, speculation, prediction, context shift) and what the scheduler needs."""
+
     stop: list[str]
     sink: Callable[[Event], None]  # called from the scheduler thread; must not block
     truncate_at_length: bool = False  # n_predict was clamped: "length" means the slot is full
-    cache_prompt: bool = True
-    prediction: np.ndarray | None = None  # the client's predicted output (drafts first)
     return_progress: bool = False  # send a progress event at the start and per prompt chunk
     id_slot: int = -1  # the slot this job must run in (-1: any)
-    context_shift: tuple[int, int] | None = None  # (n_keep, n_discard); None: stop when full
     # a job's own state: fresh in every job, also in one made by dataclasses.replace
     id: int = field(default_factory=lambda: next(_ids), init=False)
     cancelled: bool = field(default=False, init=False)
@@ -348,9 +340,7 @@ class Scheduler:
             return
         s.n_tasks += 1
         try:
-            st = self.engine.start(s.id, job.prompt, job.sampling, job.n_predict,
-                                   job.speculative, job.spec, cache_prompt=job.cache_prompt,
-                                   prediction=job.prediction, context_shift=job.context_shift)
+            st = self.engine.start(s.id, job)
         except Exception as e:
             self._fail(s, e)
             return
