@@ -14,29 +14,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ngramspec import NgramModParams, SpecConfig
+from ngramspec import SpecConfig
 from ngramspec.engine.engine import Engine
 from ngramspec.engine.generate import generate
 from ngramspec.engine.runtime import EngineSettings, LoadOptions, load_engine
-from ngramspec.engine.sampling import SamplingParams
 from ngramspec.llama.context import ContextParams
 from ngramspec.llama.fixed_shape import ROWS, FixedShapeContext
 from ngramspec.speculative.cost import DecodeCost, Shape
+from test_kv_types import GREEDY, OFF, ON, PROMPTS  # the same prompts and spec types
 from together import run_together
 
 pytestmark = pytest.mark.model
-OFF = SpecConfig(types=())
-ON = SpecConfig(types=("ngram-simple", "ngram-mod"),
-                ngram_mod=NgramModParams(n_match=8, n_min=2, n_max=64))
-GREEDY = SamplingParams(temperature=0.0)
 N = 64
-PROMPTS = ["class Stack:\n    def __init__(self):\n        self.items = []\n\n"
-           "    def push(self, x):\n        self.items.append(x)\n\n" * 3
-           + "Rewrite the class above with type hints:\n",
-           "Write a short story about a lighthouse keeper.\n",
-           "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n" * 4
-           + "Explain the function above:\n",
-           "List ten colours, one per line:\n"]
 
 
 @pytest.fixture(scope="module")
