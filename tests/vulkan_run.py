@@ -55,7 +55,7 @@ def batch(n: int, spec: str, folder: Path, *extra: str) -> dict:
         with docs.open("w") as f:
             for i in range(4):
                 f.write(json.dumps({"id": f"d{i}", "prompt": text[i * 300:] + "\n# again:\n"}) + "\n")
-    out = folder / f"out-{spec}{'-'.join(extra)}.jsonl"
+    out = folder / f"out-{spec}-{'device' if extra else 'cpu'}.jsonl"
     p = run(["batch", str(docs), "-o", str(out), "-np", "4", "-n", str(n), "--temp", "0",
              "--spec-type", spec, *(extra or ("-ngl", "0"))])
     if p.returncode != 0:

@@ -209,41 +209,39 @@ class Engine:
         """Admit a new sequence for `req` (a Request, or the jobs layer's Job, which is
         one): sampler, speculation and the slot's cached prefix. Nothing is evaluated:
         `prefill` does that."""
-        n_predict, speculative, spec, prediction = (req.n_predict, req.speculative, req.spec,
-                                                    req.prediction)
-        sampling, cache_prompt, context_shift = req.sampling, req.cache_prompt, req.context_shift
-        prompt = as_tokens(req.prompt, "prompt")
+        prompt, shift = as_tokens(req.prompt, "prompt"), req.context_shift
         if len(prompt) == 0:
             raise ConfigError("the prompt is empty")
         n_ctx = self.ctx.n_ctx_seq
         if len(prompt) >= n_ctx:
             raise ContextOverflow(len(prompt), n_ctx)
-        if context_shift is not None and self.ctx.swa_span is not None:
+        if shift is not None and self.ctx.swa_span is not None:
             raise ConfigError("context shift needs a full-size sliding-window cache (llama.cpp "
                               "cannot shift a window-size one): load with --swa-full")
-        want = -1 if n_predict is None else n_predict
-        n_predict = output_budget(want, n_ctx - len(prompt), context_shift is not None)[0]
+        want = -1 if req.n_predict is None else req.n_predict
+        n_predict = output_budget(want, n_ctx - len(prompt), shift is not None)[0]
         if n_predict < 0:  # a context shift: until the end of generation
             n_predict = 1 << 62
-        cfg = self.spec if spec is None else spec
-        sampler = Sampler(self.ctx, sampling, prompt)
+        cfg = self.spec if req.spec is None else req.spec
+        sampler = Sampler(self.ctx, req.sampling, prompt)
         st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
                       tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
         st.t_start = time.perf_counter()
         st.tokens[:len(prompt)] = prompt
-        if context_shift is not None:
-            keep, st.n_discard = context_shift
+        if shift is not None:
+            keep, st.n_discard = shift
             keep = (len(prompt) if keep < 0 else keep) + int(self.model.add_bos)
             st.n_keep = min(n_ctx - 4, keep)  # llama-server counts BOS on top of n_keep
-        st.n_cached = self.reusable_prefix(seq_id, prompt) if cache_prompt else 0
+        st.n_cached = self.reusable_prefix(seq_id, prompt) if req.cache_prompt else 0
         self.ctx.truncate(seq_id, st.n_cached)
         self.ctx.begin_prompt(seq_id, st.n_cached)
         self.cache.pop(seq_id, None)
         st.n_hist = st.n_cached
         if isinstance(self.draft_drafter, DraftModelDrafter):
             self.draft_drafter.set_p_min(seq_id, cfg.draft_p_min)
-        own = [PredictionDrafter(prediction)] if prediction is not None and len(prediction) else []
-        if self.speculates(cfg, speculative, bool(own)):
+        pred = req.prediction
+        own = [PredictionDrafter(pred)] if pred is not None and len(pred) else []
+        if self.speculates(cfg, req.speculative, bool(own)):
             st.speculation = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
             st.speculation.begin(prompt)
         return st

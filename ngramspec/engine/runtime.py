@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable
 
 from ..llama import file_pages
@@ -74,7 +74,7 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
     offload, note, fixed = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
     notes += [note] if note else []
     if batch_invariant and (fixed or opts.fixed_shape):
-        return replace(_fixed_shape_params(n_ctx, n_seq, threads, opts), op_offload=offload), notes
+        return _fixed_shape_params(n_ctx, n_seq, threads, opts, offload), notes
     if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
         raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
                           "the V cache only with it): drop -fa off or use -ctv f16")
@@ -110,14 +110,16 @@ def device_policy(n_gpu_layers: int, batch_invariant: bool,
                    "(no op offload), as exactness needs; ngramspec's kernels are off"), False
 
 
-def _fixed_shape_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions) -> ContextParams:
+def _fixed_shape_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
+                        offload: bool) -> ContextParams:
     """A fixed-shape context's settings: the user's -fa (llama.cpp decides with auto),
-    KV types and threads; the rest is the shape's own (fixed_shape.py)."""
+    KV types and threads, llama.cpp's op offload as `device_policy` says; the rest is
+    the shape's own (fixed_shape.py)."""
     fa = {"on": True, "off": False, "auto": None}[opts.flash_attn]
     return ContextParams(n_ctx=n_ctx, n_batch=FIXED_ROWS, n_ubatch=FIXED_ROWS, n_seq_max=n_seq,
                          n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
                          batch_invariant=True, swa_full=True, type_k=opts.cache_type_k,
-                         type_v=opts.cache_type_v, fixed_rows=FIXED_ROWS)
+                         type_v=opts.cache_type_v, op_offload=offload, fixed_rows=FIXED_ROWS)
 
 
 def open_fixed_shape(model: Model, params: ContextParams) -> FixedShapeContext:

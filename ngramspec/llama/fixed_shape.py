@@ -177,7 +177,7 @@ class FixedShapeContext(FreedOnCollect):
 
     def __init__(self, model: Model, params, rows: int = ROWS):
         lc = _llama()
-        self.model, self.rows, self.fixed_rows = model, rows, rows
+        self.model, self.fixed_rows = model, rows
         self.params = replace(params, own_head=False, own_attention=False, own_matmul=False,
                               reference_attention=False)
         n_seq = params.n_seq_max
@@ -198,6 +198,11 @@ class FixedShapeContext(FreedOnCollect):
         self.n_vocab = model.n_vocab
         self._where: dict[int, tuple[int, int]] = {}
         self._saved: dict[int, np.ndarray] = {}
+
+    @property
+    def rows(self) -> int:
+        """Rows of every decode (`fixed_rows`)."""
+        return self.fixed_rows
 
     @property
     def prefill_chunk(self) -> int:

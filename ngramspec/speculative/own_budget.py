@@ -38,11 +38,16 @@ class OwnBudget:
         self.n_pred = n_pred
         self.credit: float | None = None  # seconds; set at the first cap (the curve known)
 
-    def cap(self, cost) -> int:
-        """The longest prediction draft the credit pays for (0: none)."""
+    def _seconds(self, cost) -> np.ndarray:
+        """The curve's t(K+1) for K = 0..MAX_DRAFT; starts the credit on first use."""
         sec = cost.alone()[0]
         if self.credit is None:
             self.credit = START * float(sec[0]) * self.n_pred
+        return sec
+
+    def cap(self, cost) -> int:
+        """The longest prediction draft the credit pays for (0: none)."""
+        sec = self._seconds(cost)
         if self.credit <= 0:
             return 0
         return max(1, int(np.searchsorted(sec - sec[0], self.credit, side="right")) - 1)
@@ -50,8 +55,6 @@ class OwnBudget:
     def settle(self, cost, k: int, accepted: int) -> None:
         """A verify of k prediction tokens (0: the prediction was not verified), `accepted`
         of them accepted (or of its proposal, matched by the emitted tokens)."""
-        sec = cost.alone()[0]
-        if self.credit is None:
-            self.credit = START * float(sec[0]) * self.n_pred
+        sec = self._seconds(cost)
         k = min(k, len(sec) - 1)
         self.credit += accepted * float(sec[0]) - float(sec[k] - sec[0])
