@@ -209,3 +209,27 @@ def test_draft_model_with_another_vocabulary_is_refused():
     with pytest.raises(ModelError, match="different vocabulary"):
         check_same_vocab(fake(200), fake(200, b"x"))
     check_same_vocab(fake(200), fake(200))
+
+
+@pytest.mark.model
+def test_logit_rows_are_llama_cpps_rows_after_every_decode(make_engine):
+    """`Context.logits_at` hands out one numpy view per buffer address (logit_rows.py):
+    after each of several decodes of different widths, every row it gives equals the
+    row llama.cpp's own accessor gives, so a reused view never shows a stale row."""
+    import numpy as np
+    from ngramspec.llama.backend import _llama
+
+    eng = make_engine(SpecConfig(types=()))
+    ctx, lc = eng.ctx, _llama()
+    ctx.clear(0)
+    toks = eng.model.tokenize("The quick brown fox jumps over the lazy dog.")
+    ctx.decode([(0, toks[:4], 0, False)])
+    for width in (3, 1, 5, 2):
+        pos = len(toks[:4])
+        rows = ctx.decode([(0, toks[4:4 + width], pos, True)])[0]
+        for i in rows:
+            raw = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx.ptr, i), shape=(ctx.n_vocab,))
+            assert np.array_equal(ctx.logits_at(i), raw)
+            assert ctx.argmax_at(i) == int(np.argmax(raw))
+        ctx.truncate(0, pos)
+    ctx.clear(0)

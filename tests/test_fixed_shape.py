@@ -128,6 +128,27 @@ def test_a_device_build_decodes_in_the_fixed_shape_at_ngl_n(monkeypatch):
     assert params.fixed_rows == 0
 
 
+def test_the_device_decides_before_the_cpus_rules(monkeypatch):
+    """-ngl N on a device: the CPU's exactness rules and their notes do not apply (the
+    shape has its own batch sizes and KV layout; -fa is the user's), and a quantized V
+    cache with -fa off is refused as llama.cpp would fail it; -ngl 0: the CPU's rules."""
+    from ngramspec.engine import runtime
+    from ngramspec.errors import ConfigError
+    from ngramspec.llama.kernels import guard
+
+    monkeypatch.setattr(guard, "devices", lambda: [("CUDA0", "GPU"), ("CPU", "CPU")])
+    odd = dict(flash_attn="off", kv_unified=True, n_batch=32, n_ubatch=32)
+    params, notes = runtime.context_params(4096, 4, 2, LoadOptions(n_gpu_layers=99, **odd), True)
+    assert params.fixed_rows == ROWS and params.flash_attn is False
+    assert len(notes) == 1 and "fixed shape" in notes[0], notes
+    with pytest.raises(ConfigError, match="-ctv q8_0 needs flash attention"):
+        runtime.context_params(4096, 1, 2, LoadOptions(n_gpu_layers=99, flash_attn="off",
+                                                       cache_type_v="q8_0"), True)
+    params, notes = runtime.context_params(4096, 4, 2, LoadOptions(n_gpu_layers=0, **odd), True)
+    assert params.fixed_rows == 0 and params.flash_attn is True and params.n_ubatch == 64
+    assert [n.split()[0] for n in notes] == ["llama.cpp", "-fa", "--kv-unified", "-b/-ub"], notes
+
+
 def test_a_failed_start_up_check_refuses_with_its_reason(fast_model_path, monkeypatch):
     from ngramspec.errors import ConfigError
     from ngramspec.llama.fixed_shape import CheckResult

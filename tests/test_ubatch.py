@@ -144,3 +144,17 @@ def test_logit_padding_stays_inside_the_slot():
 
     assert layout([(0, 5, 5)], 512, False, quantum=4, room=3).logits == (8,)
     assert layout([(0, 5, 5)], 512, False, quantum=4, room=2).pads == {}
+
+
+def test_a_layout_no_longer_depends_on_the_room_from_room_bound():
+    """`Context.layout_for` memoises a layout under min(room, room_bound(entries)): every
+    room from the bound on gives the layout of an unlimited room, on single-stream and
+    per-sequence-stream contexts, for every quantum."""
+    from ngramspec.llama.ubatch import layout, room_bound
+
+    shapes = [[(0, 1, 1)], [(0, 3, 3)], [(0, 5, 5), (1, 1, 1)], [(0, 1, 1), (1, 1, 1), (2, 7, 7)],
+              [(s, 1 + (s % 3), 1 + (s % 3)) for s in range(8)]]
+    for entries, streams, quantum in itertools.product(shapes, (False, True), (1, 2, 4)):
+        free = layout(entries, 512, streams, True, quantum, None)
+        for room in range(room_bound(entries), room_bound(entries) + 40):
+            assert layout(entries, 512, streams, True, quantum, room) == free, (entries, room)

@@ -308,6 +308,7 @@ class Engine:
             reusable = st.n_hist
         reusable = min(reusable, st.n_unshifted)
         self.cache[st.seq_id] = SlotCache(st.tokens[:st.n_hist].copy(), reusable, tiled)
+        self.policy.flush()  # the cost curve it learnt, cached between steps
         if st.speculation is not None:
             st.speculation.end()
         st.sampler.close()
@@ -349,17 +350,9 @@ class Engine:
         for st in active:
             if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
                 self._shift(st)
-        opts, base = [], []
-        for st in active:
-            room = self._room(st) if st.speculation is not None else 0
-            opts.append(st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room) if room > 0
-                        else NO_OPTIONS)
-            base.append(Shape(st.seq_id, 1, 1, st.n_hist))
-        ks = self.policy.plan(opts, base, *self._limits())
-        drafts = [st.speculation.commit(k) if st.speculation is not None else EMPTY
-                  for st, k in zip(active, ks)]
-        entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
-                   for st, d in zip(active, drafts)]
+        drafts = self._drafts(active)
+        entries = [(st.seq_id, [st.sampled, *d.tolist()] if len(d) else [st.sampled], st.n_hist,
+                    True) for st, d in zip(active, drafts)]
         rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active))
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         if active:
@@ -370,6 +363,20 @@ class Engine:
                 st.host_s += host
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
 
+    def _drafts(self, active: list[SeqState]) -> list[np.ndarray]:
+        """Each sequence's draft for this step: its proposals (`Speculation.plan`), the
+        lengths the policy chooses for all together, and the drafts committed; a step
+        where nothing proposed asks the policy nothing."""
+        opts = [st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room)
+                if st.speculation is not None and (room := self._room(st)) > 0 else NO_OPTIONS
+                for st in active]
+        if all(o is NO_OPTIONS for o in opts):
+            return [EMPTY] * len(active)
+        base = [Shape(st.seq_id, 1, 1, st.n_hist) for st in active]
+        ks = self.policy.plan(opts, base, *self._limits())
+        return [st.speculation.commit(k) if st.speculation is not None else EMPTY
+                for st, k in zip(active, ks)]
+
     def _timed_decode(self, entries: list, argmax_only: bool = False) -> list[list[int]]:
         """ctx.decode of a generation step; its compute time (until the device finished,
         `Context.compute_s`) and shape go to the policy, whose cost model learns from
@@ -377,8 +384,9 @@ class Engine:
         if not entries:
             return []
         rows = self.ctx.decode(entries, argmax_only)
-        self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2]) for e in entries],
-                                   self.ctx.compute_s)
+        if self.policy.cost is not None:  # a policy without a cost model learns nothing here
+            self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2])
+                                        for e in entries], self.ctx.compute_s)
         return rows
 
     def _checked_verify(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> StepOutput:

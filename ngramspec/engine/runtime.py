@@ -51,12 +51,24 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
     """The context settings for `opts`, and one line per setting changed to keep
     exactness (docs/exactness.md, "Command-line flags and exactness").
 
-    Batch-invariant: flash attention stays on; one KV stream per slot; -b and -ub
-    are at least TILED_PREFILL_MIN (64) so prompts take the tiled path (rule T);
-    -ub is at most -b (as llama.cpp clamps it). Otherwise every value is applied."""
-    notes = []
-    n_batch, n_ubatch = opts.n_batch, min(opts.n_ubatch or opts.n_batch, opts.n_batch)
+    The device decides first (`device_policy`): layers on a device in exact mode give a
+    fixed-shape context, whose batch sizes, KV layout and padding are the shape's own
+    (the CPU's rules below and their notes do not apply there). Otherwise, batch-invariant:
+    flash attention stays on; one KV stream per slot; -b and -ub are at least
+    TILED_PREFILL_MIN (64) so prompts take the tiled path (rule T); -ub is at most -b
+    (as llama.cpp clamps it). Otherwise every value is applied. Either way a quantized V
+    cache with -fa off is refused (llama.cpp quantizes V only with flash attention)."""
     fa = {"on": True, "off": False, "auto": None}[opts.flash_attn]
+    offload, note, fixed = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
+    notes = [note] if note else []
+    fixed = batch_invariant and (fixed or bool(opts.fixed_shape))
+    if (fa is False and (fixed or not batch_invariant)
+            and opts.cache_type_v not in ("f32", "f16", "bf16")):
+        raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
+                          "the V cache only with it): drop -fa off or use -ctv f16")
+    if fixed:
+        return _fixed_shape_params(n_ctx, n_seq, threads, opts, offload), notes
+    n_batch, n_ubatch = opts.n_batch, min(opts.n_ubatch or opts.n_batch, opts.n_batch)
     kvu = opts.kv_unified
     if batch_invariant:
         if fa is False:
@@ -71,13 +83,6 @@ def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
             notes.append(f"-b/-ub below {TILED_PREFILL_MIN} would break exactness (prompts "
                          f"need {TILED_PREFILL_MIN}-row chunks): using {TILED_PREFILL_MIN}")
             n_batch, n_ubatch = max(n_batch, TILED_PREFILL_MIN), TILED_PREFILL_MIN
-    offload, note, fixed = device_policy(opts.n_gpu_layers, batch_invariant, verbose)
-    notes += [note] if note else []
-    if batch_invariant and (fixed or opts.fixed_shape):
-        return _fixed_shape_params(n_ctx, n_seq, threads, opts, offload), notes
-    if fa is False and opts.cache_type_v not in ("f32", "f16", "bf16"):
-        raise ConfigError(f"-ctv {opts.cache_type_v} needs flash attention (llama.cpp quantizes "
-                          "the V cache only with it): drop -fa off or use -ctv f16")
     return ContextParams(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_seq_max=n_seq,
                          n_threads=threads, n_threads_batch=opts.threads_batch, flash_attn=fa,
                          kv_unified=kvu, batch_invariant=batch_invariant,

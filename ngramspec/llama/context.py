@@ -28,6 +28,7 @@ from . import ref_attention, seq_cells, ubatch
 from .backend import FreedOnCollect, _llama, kv_type, logit_quantum
 from .kernels import head as own_head
 from .kernels.hooks import KernelHooks
+from .logit_rows import LogitRows
 from .model import Model, ModelError
 
 #: Most tokens of one sequence a batch-invariant generation decode holds: flash
@@ -201,6 +202,8 @@ class Context(FreedOnCollect):
         self.swa_span = seq_cells.swa_span(lc, model.ptr, self.n_ctx_seq, self.n_ubatch, swa_full)
         self.batch = lc.llama_batch_init(params.n_batch, 0, params.n_seq_max)
         self.n_vocab = model.n_vocab
+        self.logit_rows = LogitRows(self.n_vocab)
+        self._layouts = ubatch.Layouts()  # layout_for's memo
         if self.head is not None and self.n_batch >= HEAD_CHECK_TOKENS and self.head.verify(
                 self, [(1000 + 37 * i) % self.n_vocab for i in range(HEAD_CHECK_TOKENS)]):
             self.logit_quantum = 1  # our output layer has no sgemm passes to fill
@@ -308,16 +311,16 @@ class Context(FreedOnCollect):
     def layout_for(self, entries: Sequence[tuple[int, int, int]],
                    room: int | None = None) -> ubatch.Layout:
         """`ubatch.checked_layout` of a decode of entries (seq_id, n_tokens, n_logits)
-        in this context; `room`: cells left in the last entry's stream after its tokens."""
-        return ubatch.checked_layout(entries, self.n_batch, self.n_ubatch, self.per_seq_streams,
-                                     self.invariant, self.logit_quantum, room, self.lone_ok)
+        in this context; `room`: cells left in the last entry's stream after its tokens.
+        Memoised (`ubatch.Layouts`): the Layout is shared, read it and never change it."""
+        return self._layouts.get(entries, self.n_batch, self.n_ubatch, self.per_seq_streams,
+                                 self.invariant, self.logit_quantum, room, self.lone_ok)
 
     def logits_at(self, index: int) -> np.ndarray:
         """Logits of batch index `index` of the last decode (a view; `Hook.materialize`)."""
         if self.head is not None:
             self.head.materialize(self)
-        ptr = _llama().llama_get_logits_ith(self.ptr, index)
-        return np.ctypeslib.as_array(ptr, shape=(self.n_vocab,))
+        return self.logit_rows.row(self.ptr, index)
 
     def argmax_at(self, index: int) -> int:
         """numpy's argmax of `logits_at(index)` (our output layer's, where it found it)."""

@@ -44,6 +44,7 @@ import numpy as np
 from .backend import FreedOnCollect, _llama, kv_type
 from .kernels import line
 from .kernels.hooks import KernelHooks
+from .logit_rows import LogitRows
 from .model import Model, ModelError
 
 #: rows of every decode on a device (verifies of up to ROWS - 1 drafted tokens). On an
@@ -87,6 +88,7 @@ class _SlotContext:
         cp.kv_unified, cp.swa_full, cp.no_perf = True, True, True
         cp.type_k, cp.type_v = kv_type(params.type_k), kv_type(params.type_v)
         self.lc, self.rows, self.n_vocab = lc, rows, model.n_vocab
+        self.logit_rows = LogitRows(model.n_vocab)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for "
@@ -128,8 +130,7 @@ class _SlotContext:
 
     def row(self, i: int) -> np.ndarray:
         """Logits of row i of the last step (a view into llama.cpp's buffer)."""
-        return np.ctypeslib.as_array(self.lc.llama_get_logits_ith(self.ptr, i),
-                                     shape=(self.n_vocab,))
+        return self.logit_rows.row(self.ptr, i)
 
     def close(self) -> None:
         if self.batch is not None:

@@ -255,6 +255,17 @@ def _pad_rows_in(entries, pads, ubatches, i, s) -> bool:
     return start + dict(ubatches[i].take)[s] > n and pads.get(s, 0) > 0
 
 
+#: layouts a context memoises at most (`Context.layout_for`; dropped all at once beyond)
+MAX_LAYOUTS = 4096
+
+
+def room_bound(entries: Sequence[tuple[int, int, int]]) -> int:
+    """A room (cells after the last entry's tokens) from which `layout` no longer depends
+    on it: its padding rows number at most len(entries) + 1 (`pads_needed`) or a logit
+    quantum (<= 4) less one."""
+    return len(entries) + 5
+
+
 def checked_layout(entries, n_batch: int, n_ubatch: int, per_seq_streams: bool,
                    invariant: bool, quantum: int, room: int | None, lone_ok: bool) -> Layout:
     """The layout (padding, ubatches) of a decode of entries (seq_id, n_tokens, n_logits)
@@ -274,3 +285,28 @@ def checked_layout(entries, n_batch: int, n_ubatch: int, per_seq_streams: bool,
         if why is not None:
             raise ValueError(f"decode of {list(entries)} is not batch-invariant: {why}")
     return lay
+
+
+class Layouts:
+    """`checked_layout`, memoised (one per context): a layout is a function of the
+    entries, the context's settings (the key holds them: a context may change one, e.g.
+    its logit quantum after its output layer's check) and whether the room holds its
+    padding, so every room of at least `room_bound(entries)` shares one entry. A layout
+    that breaks a rule is not kept (it raises every time). At most MAX_LAYOUTS are kept
+    (then all are dropped)."""
+
+    def __init__(self):
+        self._memo: dict[tuple, Layout] = {}
+
+    def get(self, entries: Sequence[tuple[int, int, int]], n_batch: int, n_ubatch: int,
+            per_seq_streams: bool, invariant: bool, quantum: int, room: int | None,
+            lone_ok: bool) -> Layout:
+        key = (tuple(entries), room if room is None else min(room, room_bound(entries)),
+               n_batch, n_ubatch, per_seq_streams, invariant, quantum, lone_ok)
+        lay = self._memo.get(key)
+        if lay is None:
+            if len(self._memo) >= MAX_LAYOUTS:
+                self._memo.clear()
+            lay = self._memo[key] = checked_layout(entries, n_batch, n_ubatch, per_seq_streams,
+                                                   invariant, quantum, room, lone_ok)
+        return lay

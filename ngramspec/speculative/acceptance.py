@@ -72,16 +72,24 @@ class AcceptanceStats:
         inherit what the drafter shows elsewhere: a drafter that is always right
         gets tried at lengths it has not reached before.
         """
-        off, acc = self.offered, self.accepted
-        pooled = (acc.sum() + self.prior_accept) / (
-            off.sum() + self.prior_accept + self.prior_reject)
-        return (acc + self.shrink * pooled) / (off + self.shrink)
+        w, off, acc = self._w, self._off, self._acc  # the raw counts: w times the decayed
+        pooled = (acc.sum() / w + self.prior_accept) / (
+            off.sum() / w + self.prior_accept + self.prior_reject)
+        sw = self.shrink * w
+        out = acc + sw * pooled
+        out /= off + sw
+        return out
 
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per
         update: a step reads it for every proposal; callers must not write into it)."""
         if self._expected is None:
-            self._expected = np.concatenate([[1.0], 1.0 + np.cumsum(np.cumprod(self.p()))])
+            e = np.empty(MAX_DRAFT + 1)
+            e[0] = 0.0
+            np.cumprod(self.p(), out=e[1:])
+            np.cumsum(e, out=e)
+            e += 1.0
+            self._expected = e
         return self._expected
 
 

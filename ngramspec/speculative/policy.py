@@ -63,6 +63,9 @@ class DraftPolicy(Protocol):
     def trust(self, n_seqs: int) -> float:
         """The share of a drafted decode's predicted speed to count on (draft_trust.py)."""
 
+    def flush(self) -> None:
+        """Write what the policy learnt (between steps; never inside one)."""
+
 
 class FixedPolicy:
     """llama.cpp: the first drafter's draft at its own length."""
@@ -88,6 +91,9 @@ class FixedPolicy:
 
     def trust(self, n_seqs: int) -> float:
         return 1.0
+
+    def flush(self) -> None:
+        pass
 
 
 def majority(props: list) -> list:
@@ -145,6 +151,7 @@ class CostPolicy:
         self.cost = cost  # the tracker's current model: refined from the run's decodes
         self.tracker = CostTracker(cost)
         self._save = save
+        self._learnt: DecodeCost | None = None  # the curve to save at the next `flush`
         self.compare_all = compare_all
         self.name = "auto" if compare_all else "cost"
         self.global_stats: dict[tuple[str, object], AcceptanceStats] = {}  # (drafter, state)
@@ -269,7 +276,7 @@ class CostPolicy:
         drafted decode against the model that planned it (DraftTrust; a probe is not
         scored); once, after SAVE_AFTER decodes and once the curve has seen multi-row
         verifies (a curve that never saw one is the scaled prior's guess, not worth
-        caching), hand the learnt curve to `save` (cost.Calibration.save)."""
+        caching), keep the learnt curve for `flush` to save (no file I/O in a step)."""
         verified = any(s.n_tokens > 1 for s in shapes)
         drafted = not self.probe.open and verified
         kvs = [s.n_kv for s in shapes]
@@ -280,10 +287,16 @@ class CostPolicy:
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)
         self.realized.decode(len(shapes), predicted, seconds, drafted)
-        if (self._save is not None and self.tracker.n_observed >= self.SAVE_AFTER
-                and self.tracker.slope_seen()):
+        if (self._save is not None and self._learnt is None
+                and self.tracker.n_observed >= self.SAVE_AFTER and self.tracker.slope_seen()):
+            self._learnt = self.cost
+
+    def flush(self) -> None:
+        """Hand the curve `observe_decode` kept to `save` (cost.Calibration.save), once
+        per policy: called between steps (`Engine.finish`), never inside one."""
+        if self._save is not None and self._learnt is not None:
             save, self._save = self._save, None
-            save(self.cost)
+            save(self._learnt)
 
     def trust(self, n_seqs: int) -> float:
         """DraftTrust.factor: how much of a drafted decode's predicted rate was realized
