@@ -47,6 +47,7 @@ class DraftPolicy(Protocol):
     name: str
     cost: DecodeCost | None
     n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
+    idle: bool  # this step proposes nothing, but from a sequence's own drafters (rest.py)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
@@ -73,6 +74,7 @@ class FixedPolicy:
     name = "fixed"
     cost = None
     n_rested = 0  # llama.cpp's policy always proposes
+    idle = False
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -162,6 +164,11 @@ class CostPolicy:
     @property
     def n_rested(self) -> int:
         return self.rest.n_rested
+
+    @property
+    def idle(self) -> bool:
+        """Whether this step proposes nothing but a sequence's own drafters (`options`)."""
+        return not self.rest.active
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:

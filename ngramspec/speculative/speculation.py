@@ -97,7 +97,12 @@ class Speculation:
         return draft
 
     def settle(self, emitted: list[int], n_accepted: int) -> None:
-        """After the verify step: `emitted` = the accepted draft tokens + the target's token."""
+        """After the verify step: `emitted` = the accepted draft tokens + the target's token.
+        A step that proposed nothing has nothing to score: the run state is "fresh"."""
+        if self.committed is None and not self.options.proposals:
+            self.copying = False
+            self.options = NO_OPTIONS
+            return
         if self.committed is not None:
             self.chain.accept(self.seq_id, n_accepted)
             self.draft_n += self.committed[1]
