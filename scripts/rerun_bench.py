@@ -120,7 +120,8 @@ def main() -> None:
     wrong = ["--previous", str(wrong_previous(work, first))]
     off = ["--spec-type", "none"]
     modes = {"cold": (v2, []), "previous": (v2, prev), "off": (v2, off),
-             "off+wrong": (v2, off + wrong), "auto+wrong": (v2, wrong),
+             "off+previous": (v2, off + prev), "off+wrong": (v2, off + wrong),
+             "auto+wrong": (v2, wrong),
              "seeded": (seeded, []), "seeded+previous": (seeded, prev),
              "same": (v1, []), "same+previous": (v1, prev), "oracle": (v2, None)}
     runs: dict[str, list[dict]] = {m: [] for m in modes}
@@ -221,19 +222,26 @@ def per_kind(first: dict, b: dict) -> None:
     old, new = first["texts"], b["cold"]["texts"]
     for label, ids in (("changed", [i for i in old if old[i] != new[i]]),
                        ("unchanged", [i for i in old if old[i] == new[i]])):
-        if ids:  # the edited documents, by whether the edit changed their output
-            cold, prev = (sum(gen[m][i] for i in ids) for m in ("cold", "previous"))
-            worst = max(gen["previous"][i] / gen["cold"][i] for i in ids)
-            print(f"edited, output {label} ({len(ids)}): --previous takes {prev / cold:.2f}x "
-                  f"the cold generation ({prev / 1e3:.1f} s vs {cold / 1e3:.1f} s; worst "
-                  f"record {worst:.2f}x)")
-            for i in ids:  # per record: its prediction's drafted / accepted tokens
-                t = b["previous"].get("records", {}).get(i, {})
-                print(f"  {i}: {gen['previous'][i] / gen['cold'][i]:.2f}x (cold "
-                      f"{gen['cold'][i]:.0f} ms, previous {gen['previous'][i]:.0f} ms; "
-                      f"prediction accepted/rejected {t.get('prediction_n_accepted')}/"
-                      f"{t.get('prediction_n_rejected')}, all drafts {t.get('draft_n')}/"
-                      f"{t.get('draft_n_accepted')})")
+        # the edited documents, by whether the edit changed their output; auto, and
+        # spec-off (no spec type: only the prediction drafts), each against its cold run
+        for with_prev, cold_m in (("previous", "cold"), ("off+previous", "off")) if ids else ():
+            records(label, ids, gen, b, with_prev, cold_m)
+
+
+def records(label: str, ids: list[str], gen: dict, b: dict, with_prev: str, cold_m: str) -> None:
+    """Generation with --previous against cold for the records `ids`, then per record."""
+    cold, prev = (sum(gen[m][i] for i in ids) for m in (cold_m, with_prev))
+    worst = max(gen[with_prev][i] / gen[cold_m][i] for i in ids)
+    print(f"edited, output {label} ({len(ids)}), {with_prev} vs {cold_m}: {prev / cold:.2f}x "
+          f"the cold generation ({prev / 1e3:.1f} s vs {cold / 1e3:.1f} s; worst "
+          f"record {worst:.2f}x)")
+    for i in ids:  # per record: its prediction's drafted / accepted tokens
+        t = b[with_prev].get("records", {}).get(i, {})
+        print(f"  {i}: {gen[with_prev][i] / gen[cold_m][i]:.2f}x ({cold_m} "
+              f"{gen[cold_m][i]:.0f} ms, {with_prev} {gen[with_prev][i]:.0f} ms; "
+              f"prediction accepted/rejected {t.get('prediction_n_accepted')}/"
+              f"{t.get('prediction_n_rejected')}, all drafts {t.get('draft_n')}/"
+              f"{t.get('draft_n_accepted')})")
 
 
 def report(args, runs: dict[str, list[dict]], first: dict) -> None:

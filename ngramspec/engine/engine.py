@@ -181,6 +181,7 @@ class Engine:
         self.pool = HashPool(self.spec.pool_bytes)
         self.draft_drafter = draft_drafter
         self.chains = Chains(self.pool, draft_drafter)
+        self._drafts_always = self.spec.enabled or draft_drafter is not None  # not only predictions
         self.cache: dict[int, SlotCache] = {}
         self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
         self.host_s = 0.0  # generation steps' wall time outside their decodes' compute
@@ -353,7 +354,9 @@ class Engine:
         drafts = self._drafts(active)
         entries = [(st.seq_id, [st.sampled, *d.tolist()] if len(d) else [st.sampled], st.n_hist,
                     True) for st, d in zip(active, drafts)]
-        rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active))
+        rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active),
+                                  self._drafts_always or
+                                  any(st.speculation is not None for st in active))
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         if active:
             host = time.perf_counter() - t0 - self.ctx.compute_s
@@ -379,14 +382,17 @@ class Engine:
         return [st.speculation.commit(k) if st.speculation is not None else EMPTY
                 for st, k in zip(active, ks)]
 
-    def _timed_decode(self, entries: list, argmax_only: bool = False) -> list[list[int]]:
+    def _timed_decode(self, entries: list, argmax_only: bool = False,
+                      speculating: bool = True) -> list[list[int]]:
         """ctx.decode of a generation step; its compute time (until the device finished,
         `Context.compute_s`) and shape go to the policy, whose cost model learns from
-        every step (policy.observe_decode)."""
+        every step (policy.observe_decode), except, on an engine where only requests'
+        predictions draft (no spec type, no draft model), the steps where no sequence
+        speculates: they cost spec-off's host time, as does a policy without a cost model."""
         if not entries:
             return []
         rows = self.ctx.decode(entries, argmax_only)
-        if self.policy.cost is not None:  # a policy without a cost model learns nothing here
+        if speculating and self.policy.cost is not None:
             self.policy.observe_decode([Shape(e[0], len(e[1]), len(e[1]), e[2])
                                         for e in entries], self.ctx.compute_s)
         return rows

@@ -244,20 +244,20 @@ def load_engine(settings: EngineSettings, notify: Callable[[str], None] = lambda
         dd = DraftModelDrafter.load(draft_path, model, n_ctx=s.n_ctx, n_seq=s.n_seq,
                                     threads=threads, p_min=s.draft_p_min, verbose=s.verbose,
                                     n_max=spec.draft_max if spec.draft_max is not None else 16)
-    cal = calibrate_context(model.path, ctx) if spec.enabled and spec.policy == "cost" else None
+    cal = calibrate_context(model.path, ctx) if spec.policy == "cost" else None
     return engine_on(model, ctx, spec, dd, cal)
 
 
 def engine_on(model: Model, ctx, spec: SpecConfig, draft_drafter=None,
               calibration: Calibration | None = None, keep_refined: bool = True) -> Engine:
     """An engine on a loaded model and context: the one rule for its draft policy
-    (`load_engine` and every engine `bench` builds). Where something drafts (spec types,
-    or a drafter of its own: -md, the oracle) and the policy is cost, drafts are priced
-    with the calibrated curve (`keep_refined`: the curve the run refines is saved for
-    the next run); otherwise, or without a curve, llama.cpp's fixed policy."""
+    (`load_engine` and every engine `bench` builds). Where the policy is cost, drafts are
+    priced with the calibrated curve (`keep_refined`: the curve the run refines is saved
+    for the next run), also on an engine with no spec type, where only a request's own
+    prediction drafts (within its record's credit, own_budget.py); with the fixed policy,
+    or without a curve, llama.cpp's fixed policy."""
     policy = None
-    drafts = spec.enabled or draft_drafter is not None
-    if drafts and spec.policy == "cost" and calibration is not None:
+    if spec.policy == "cost" and calibration is not None:
         policy = CostPolicy(calibration.cost, compare_all=spec.auto,
                             save=calibration.save if keep_refined else None)
     return Engine(model, ctx, spec, draft_drafter=draft_drafter, policy=policy,
