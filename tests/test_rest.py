@@ -74,3 +74,35 @@ def test_the_policies_count_rested_steps():
         pol.rest.spent(0.0004)
         pol.rest.decode(PLAIN, PLAIN, 1, False)
     assert pol.n_rested == pol.rest.n_rested > 50
+
+
+def test_an_idle_policy_asks_only_a_prediction_for_proposals(fast_model_path, threads,
+                                                             monkeypatch):
+    """While the policy rests (`idle`), a step asks no sequence for proposals (spec-off's
+    host path) but one with a prediction of its own; the output is spec-off's."""
+    import numpy as np
+
+    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.settings.config import AUTO, SpecConfig
+    from ngramspec.speculative.policy import CostPolicy
+    from ngramspec.speculative.speculation import Speculation
+    from test_own_budget import _run
+
+    eng = load_engine(EngineSettings(model=fast_model_path, n_ctx=1024, threads=threads,
+                                     spec=SpecConfig().with_types(AUTO)))
+    try:
+        prompt = eng.model.tokenize("one two three four five six seven eight " * 4)
+        plain, _ = _run(eng, prompt, 48, speculative=False)
+        monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
+        asked = []
+        real = Speculation.plan
+        monkeypatch.setattr(Speculation, "plan",
+                            lambda sp, *a: asked.append(sp.own) or real(sp, *a))
+        out, _ = _run(eng, prompt, 48)
+        assert out == plain and asked == []
+        out, (drafted, accepted) = _run(eng, prompt, 48,
+                                        prediction=np.asarray(plain, dtype=np.int32))
+        assert out == plain and asked and all(asked) and accepted > 0
+    finally:
+        eng.ctx.close()
+        eng.model.close()
