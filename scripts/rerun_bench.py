@@ -10,6 +10,8 @@ removed from its middle) and the edited set runs, reps times interleaved:
 - previous:    auto, --previous = the first run's results;
 - off / off+wrong / auto+wrong: spec-off and auto, without and with a prediction
   that is wrong from its first token (another document's earlier text);
+- off+previous: spec-off (no spec type: only the prediction drafts) with --previous,
+  reported per record against off as `previous` is against cold;
 - seeded, seeded+previous: temperature 0.7 with a fixed seed per record;
 - same, same+previous: the documents not edited (a nightly re-run where nothing
   changed), without and with --previous;
