@@ -181,7 +181,6 @@ class Engine:
         self.pool = HashPool(self.spec.pool_bytes)
         self.draft_drafter = draft_drafter
         self.chains = Chains(self.pool, draft_drafter)
-        self._drafts_always = self.spec.enabled or draft_drafter is not None  # not only predictions
         self.cache: dict[int, SlotCache] = {}
         self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
         self.host_s = 0.0  # generation steps' wall time outside their decodes' compute
@@ -352,10 +351,10 @@ class Engine:
             if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
                 self._shift(st)
         drafts = self._drafts(active)
-        entries = [(st.seq_id, [st.sampled, *d.tolist()] if len(d) else [st.sampled], st.n_hist,
-                    True) for st, d in zip(active, drafts)]
+        entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
+                   for st, d in zip(active, drafts)]
         rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active),
-                                  self._drafts_always or
+                                  self.speculates() or
                                   any(st.speculation is not None for st in active))
         out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
         if active:
@@ -371,9 +370,8 @@ class Engine:
         lengths the policy chooses for all together, and the drafts committed; a step
         where nothing proposed asks the policy nothing, and while the policy is idle (it
         rests: rest.py) only a sequence with drafters of its own (a prediction) proposes."""
-        idle = self.policy.idle
         opts = [st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room)
-                if st.speculation is not None and not (idle and not st.speculation.own)
+                if st.speculation is not None and st.speculation.proposes
                 and (room := self._room(st)) > 0 else NO_OPTIONS for st in active]
         if all(o is NO_OPTIONS for o in opts):
             return [EMPTY] * len(active)

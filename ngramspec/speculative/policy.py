@@ -47,7 +47,7 @@ class DraftPolicy(Protocol):
     name: str
     cost: DecodeCost | None
     n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
-    idle: bool  # this step proposes nothing, but from a sequence's own drafters (rest.py)
+    idle: bool  # it rests: only a sequence's own drafters propose (Speculation.proposes)
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
@@ -167,16 +167,9 @@ class CostPolicy:
 
     @property
     def idle(self) -> bool:
-        """Whether this step proposes nothing but a sequence's own drafters (`options`)."""
+        """Whether the policy rests this step: only a sequence's own drafters (a request's
+        prediction) propose (`Speculation.proposes`)."""
         return not self.rest.active
-
-    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                room: int) -> DraftOptions:
-        """`_options`; nothing while the policy rests, unless the sequence has drafters
-        of its own (a request's prediction)."""
-        if not self.rest.active and not sp.own:
-            return NO_OPTIONS
-        return self._options(sp, history, sampled, room)
 
     @_timed
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
@@ -224,8 +217,8 @@ class CostPolicy:
         self._global(_state_key(sp, drafter)).update(offered, accepted)
 
     @_timed
-    def _options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                 room: int) -> DraftOptions:
+    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
+                room: int) -> DraftOptions:
         props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
                                  first_only=not self.compare_all, extra=sp.own)
         if props and sp.budget is not None:  # a request's prediction: its record's credit
@@ -254,6 +247,9 @@ class CostPolicy:
     @_timed
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted."""
+        if sp.committed is None and not sp.options.proposals:  # nothing to score
+            sp.copying = False
+            return
         if sp.committed is not None:
             self.probe.accepted(sp.seq_id, n_accepted)
             self.rest.accepted(n_accepted, sp.committed[1])

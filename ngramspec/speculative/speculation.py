@@ -79,10 +79,17 @@ class Speculation:
         for d in self.own:
             d.begin(self.seq_id, prompt)
 
+    @property
+    def proposes(self) -> bool:
+        """Whether this step asks for proposals: unless the policy is idle (it rests:
+        rest.py), where only a sequence with drafters of its own (a prediction) does."""
+        return not self.policy.idle or bool(self.own)
+
     def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
         """Proposals for this step and their expected tokens (nothing committed yet)."""
         self.committed = None
-        self.options = self.policy.options(self, history, sampled, room) if room > 0 else NO_OPTIONS
+        self.options = (self.policy.options(self, history, sampled, room)
+                        if room > 0 and self.proposes else NO_OPTIONS)
         return self.options
 
     def commit(self, k: int) -> np.ndarray:
@@ -97,12 +104,7 @@ class Speculation:
         return draft
 
     def settle(self, emitted: list[int], n_accepted: int) -> None:
-        """After the verify step: `emitted` = the accepted draft tokens + the target's token.
-        A step that proposed nothing has nothing to score: the run state is "fresh"."""
-        if self.committed is None and not self.options.proposals:
-            self.copying = False
-            self.options = NO_OPTIONS
-            return
+        """After the verify step: `emitted` = the accepted draft tokens + the target's token."""
         if self.committed is not None:
             self.chain.accept(self.seq_id, n_accepted)
             self.draft_n += self.committed[1]
