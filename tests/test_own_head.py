@@ -13,21 +13,21 @@ from kernel_toggle import require
 
 
 def test_output_order_single_stream_is_batch_order():
-    logits = [False, True, True, False, True]
-    assert own_head.output_order([(0, 5)], logits, 512, per_seq_streams=False) == [1, 2, 4]
+    logits = (False, True, True, False, True)
+    assert own_head.output_order(((0, 5),), logits, 512, per_seq_streams=False) == (1, 2, 4)
     # split_simple: ubatches of 2 tokens keep batch order
-    assert own_head.output_order([(0, 5)], logits, 2, per_seq_streams=False) == [1, 2, 4]
+    assert own_head.output_order(((0, 5),), logits, 2, per_seq_streams=False) == (1, 2, 4)
 
 
 def test_output_order_follows_split_equal():
     # [3, 2, 2, 2] tokens of sequences 0..3: {0..3: 2 each}, then {0: 1}; sequence 0's
     # third token (batch index 2) comes out last
-    logits = [True] * 9
-    assert own_head.output_order([(0, 3), (1, 2), (2, 2), (3, 2)], logits, 512,
-                                 per_seq_streams=True) == [0, 1, 3, 4, 5, 6, 7, 8, 2]
+    logits = (True,) * 9
+    assert own_head.output_order(((0, 3), (1, 2), (2, 2), (3, 2)), logits, 512,
+                                 per_seq_streams=True) == (0, 1, 3, 4, 5, 6, 7, 8, 2)
     # non-consecutive sequence ids are separate runs, hence separate ubatches
-    assert own_head.output_order([(0, 2), (2, 1)], [False, True, True], 512,
-                                 per_seq_streams=True) == [1, 2]
+    assert own_head.output_order(((0, 2), (2, 1)), (False, True, True), 512,
+                                 per_seq_streams=True) == (1, 2)
 
 
 def test_library_respects_the_switch(monkeypatch):
@@ -43,7 +43,7 @@ SHAPES = [
     [(s, 2, True) for s in range(8)],
     [(0, 16, True)],
     [(0, 6, True)],  # 4 columns and 2
-    [(3, 1, True)],  # one row: llama.cpp's own layer
+    [(3, 1, True)],  # one row (llama.cpp: vec_dot, ours: the same kernel as for several)
     [(0, 2, True), (1, 6, True), (2, 2, True), (3, 2, True), (4, 2, True)],
 ]
 

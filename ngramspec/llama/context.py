@@ -70,7 +70,7 @@ class ContextParams:
     # flash attention's reference path in generation decodes (ref_attention.py), so a
     # lone token needs no padding row; batch-invariant contexts only
     reference_attention: bool = True
-    # generation decodes with 2+ logit rows take ngramspec's output layer (kernels/head.py),
+    # decodes with a logit row take ngramspec's output layer (kernels/head.py),
     # where it is bit-identical to llama.cpp's; batch-invariant contexts only
     own_head: bool = True
     # flash attention computed by ngramspec (kernels/attention.py): a row's values
@@ -148,8 +148,8 @@ def fill_batch(b, entries, pads: dict[int, int], pad_logits: dict[int, int]):
 def _fill_head(ctx: "Context", entries, pads: dict[int, int], rows: list[list[int]],
                out: list[bool], argmax_only: bool) -> None:
     """After an armed decode: our output layer's rows (Hook.fill), in llama.cpp's order."""
-    lengths = [(seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries]
-    order = own_head.output_order(lengths, out, ctx.n_ubatch, ctx.per_seq_streams)
+    lengths = tuple((seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries)
+    order = own_head.output_order(lengths, tuple(out), ctx.n_ubatch, ctx.per_seq_streams)
     ctx.head.fill(ctx, order, {j for r in rows for j in r}, ctx.batch.pos,
                   logits=not argmax_only)
 
@@ -167,7 +167,7 @@ class Context(FreedOnCollect):
 
     twin = None  # a TwinnedContext's prefill twin
     prompts_in_twin = False  # True in a TwinnedContext (the SWA cache's size, rule W)
-    compute_s = 0.0  #: the last run_rows' llama_decode + llama_synchronize + our output layer
+    compute_s = 0.0  #: the last run_rows' llama_decode + llama_synchronize + our output layer's kernel
     fixed_rows = 0  #: every decode's rows per slot in a fixed-shape context (fixed_shape.py)
 
     def __init__(self, model: Model, params: ContextParams = ContextParams()):
@@ -175,6 +175,7 @@ class Context(FreedOnCollect):
         self.model, self.params = model, params
         cp, swa_full = _llama_params(lc, params, self.prompts_in_twin)
         self.kernels = KernelHooks(lc, model.ptr, params, cp)
+        self.head = self.kernels.get("head")  # our output layer's hook, or None (kernels/head.py)
         self.ptr = lc.llama_init_from_model(model.ptr, cp)
         if not self.ptr:
             self.kernels.close()
@@ -207,11 +208,6 @@ class Context(FreedOnCollect):
         if self.head is not None and self.n_batch >= HEAD_CHECK_TOKENS and self.head.verify(
                 self, [(1000 + 37 * i) % self.n_vocab for i in range(HEAD_CHECK_TOKENS)]):
             self.logit_quantum = 1  # our output layer has no sgemm passes to fill
-
-    @property
-    def head(self):
-        """Our output layer's hook, or None (kernels/head.py)."""
-        return self.kernels.get("head")
 
     @property
     def prefill_chunk(self) -> int:
@@ -295,6 +291,7 @@ class Context(FreedOnCollect):
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} (batch of {len(out)} tokens)")
             lc.llama_synchronize(self.ptr)  # a device returns before it has finished
+            compute = time.perf_counter() - t0
             self.kernels.check()
         except BaseException:
             if armed:
@@ -302,7 +299,8 @@ class Context(FreedOnCollect):
             raise
         if armed:  # our output layer: the rows' argmaxes, and logits into llama.cpp's buffer
             _fill_head(self, entries, pads, rows, out, argmax_only)
-        self.compute_s = time.perf_counter() - t0
+            compute += self.head.kernel_s
+        self.compute_s = compute
         for seq_id, tokens, pos0, _ in entries:  # drop the padding tokens' KV entries
             if pads.get(seq_id):
                 self.truncate(seq_id, pos0 + len(tokens))

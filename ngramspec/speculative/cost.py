@@ -420,8 +420,10 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
     t0 = time.perf_counter()
     layout = ctx.cost_layout
     kv = (ctx.params.type_k, ctx.params.type_v)
+    # model=v4: the output layer is ours on one-row decodes too (kernels/head.py), so
+    # a curve learnt before prices spec-off's decode wrong
     key = (f"{model_path.resolve()}:{model_path.stat().st_size}:threads={ctx.params.n_threads}:"
-           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v3"
+           f"invariant={ctx.invariant}:streams={ctx.per_seq_streams}:model=v4"
            + ("" if kv == ("f16", "f16") else f":kv={kv[0]}/{kv[1]}")
            + _kernel_key(ctx) + _backend_key(ctx)
            + (f":rows={ctx.fixed_rows}" if ctx.fixed_rows else ""))

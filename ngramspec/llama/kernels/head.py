@@ -8,7 +8,7 @@ computes every column in the exact arithmetic order of ggml's `vec_dot_q8_0_q8_0
 2 / 4 / 8 logit rows cost ~12 / 16 / 30 ms instead of ~21 / 28 / 42 ms
 (docs/benchmarks-history.md, "An output layer of our own").
 
-How a decode uses it (`Context.run_rows`, decodes with 2+ logit rows): the context's
+How a decode uses it (`Context.run_rows`, every decode with a logit row): the context's
 eval callback (llama.cpp's public `cb_eval`, a C function in the same library) ends
 the graph after `result_norm`, the last node before the output matmul (every KV write
 comes earlier), keeping its rows; this module then finds each wanted row's argmax
@@ -38,6 +38,8 @@ Set NGRAMSPEC_OWN_HEAD=0 to turn it off.
 from __future__ import annotations
 
 import ctypes as C
+import functools
+import time
 from typing import Sequence
 
 import numpy as np
@@ -88,10 +90,15 @@ class Hook:
                           n_ub_out=-1)
         self.cb = C.cast(lib.ngs_eval_cb, C.c_void_p).value
         self.argmax = np.zeros(max_rows, np.int64)
+        self._idx = np.zeros(max_rows, np.int32)  # _compute's arguments, made once
+        self._ptrs = np.zeros(max_rows, np.uintp)
+        self._addr = (self.rows.ctypes.data, self._idx.ctypes.data, self._ptrs.ctypes.data,
+                      self.argmax.ctypes.data)
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
         self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
         self.tops: dict[int, int] = {}  # the last armed decode's argmax by batch index
+        self.kernel_s = 0.0  # seconds in the kernel since the last decode began (`forget`)
 
     def install(self, cparams) -> None:
         import llama_cpp
@@ -116,9 +123,11 @@ class Hook:
         return data, ne1
 
     def wants(self, n_logits: int) -> bool:
-        """Whether a decode with n_logits logit rows takes our output layer: 2 or more
-        rows (one row costs both kernels the same), once verified (or being verified)."""
-        return (self.active or self._checking) and n_logits >= 2
+        """Whether a decode with n_logits logit rows takes our output layer: any with a
+        logit row, once verified (or being verified). One row too: our kernel reads the
+        matrix once as llama.cpp's vec_dot does, and the argmax comes with it (no logits
+        written, no scan of the row by numpy; docs/benchmarks.md)."""
+        return (self.active or self._checking) and n_logits >= 1
 
     def arm(self) -> None:
         """Before a decode that takes our layer: end its graph at result_norm, keeping the
@@ -143,10 +152,9 @@ class Hook:
         if h.overflow or h.n_rows != len(order):
             raise RuntimeError(f"the output layer got {h.n_rows} rows for {len(order)} "
                                f"logit rows (overflow={h.overflow})")
-        got = self.pos[0, :h.n_rows]
-        want = np.fromiter((positions[i] for i in order), np.int32, len(order))
-        if not np.array_equal(got, want):
-            bad = int(np.argmax(got != want))
+        got, want = self.pos[0, :h.n_rows].tolist(), [positions[i] for i in order]
+        if got != want:
+            bad = next(k for k, (a, b) in enumerate(zip(got, want)) if a != b)
             raise RuntimeError(f"the output layer's row {bad} is at position {got[bad]}, "
                                f"batch index {order[bad]} at {want[bad]}: llama.cpp's row "
                                f"order is not the one assumed")
@@ -157,7 +165,7 @@ class Hook:
         if logits:
             self._compute(which, self._buffers(ctx, batch), argmax=True)
         else:
-            self._compute(which, [None] * len(which), argmax=True)
+            self._compute(which, None, argmax=True)
             self._lazy = (which, batch)
         self.tops = dict(zip(batch, self.argmax[:len(which)].tolist()))
 
@@ -172,24 +180,30 @@ class Hook:
 
     def forget(self) -> None:
         """A new decode begins: the last one's argmaxes and unwritten logits are gone."""
-        self._lazy, self.tops = None, {}
+        self._lazy, self.tops, self.kernel_s = None, {}, 0.0
 
     @staticmethod
-    def _buffers(ctx, batch: Sequence[int]) -> list:
+    def _buffers(ctx, batch: Sequence[int]) -> list[int]:
         import llama_cpp
 
-        return [llama_cpp.llama_get_logits_ith(ctx.ptr, i) for i in batch]
+        return [C.cast(llama_cpp.llama_get_logits_ith(ctx.ptr, i), C.c_void_p).value
+                for i in batch]
 
-    def _compute(self, which: Sequence[int], out: Sequence, argmax: bool = False) -> None:
-        """Logits of the kept result_norm rows `which` into the float buffers `out` (None:
-        not kept); with `argmax`, each row's argmax into self.argmax[:len(which)]."""
+    def _compute(self, which: Sequence[int], out: Sequence[int] | None,
+                 argmax: bool = False) -> None:
+        """Logits of the kept result_norm rows `which` into the float buffers at the
+        addresses `out` (None: not kept); with `argmax`, each row's argmax into
+        self.argmax[:len(which)]. Allocates nothing: its arguments go through buffers
+        made once (`_idx`, `_ptrs`)."""
         w, n_vocab = self.weight
-        idx = (C.c_int32 * len(which))(*which)
-        ptrs = (C.c_void_p * len(which))(*[C.cast(p, C.c_void_p).value if p is not None else None
-                                           for p in out])
-        best = self.argmax.ctypes.data if argmax else None
-        rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, self.rows.ctypes.data, self.n_embd,
-                                    idx, len(which), ptrs, self.n_threads, self.from_float, best)
+        rows, idx, ptrs, best = self._addr
+        k = len(which)
+        self._idx[:k] = which
+        self._ptrs[:k] = 0 if out is None else out
+        t0 = time.perf_counter()
+        rc = self.lib.ngs_q8_0_head(w, n_vocab, self.n_embd, rows, self.n_embd, idx, k, ptrs,
+                                    self.n_threads, self.from_float, best if argmax else None)
+        self.kernel_s += time.perf_counter() - t0
         if rc != 0:
             raise MemoryError("the output layer could not allocate its quantized columns")
 
@@ -213,17 +227,19 @@ class Hook:
             self._checking = False
             ctx.truncate(0, 0)
         ours = np.full_like(theirs, np.nan)
-        self._compute(range(len(tokens)), [C.c_void_p(r.ctypes.data) for r in ours], argmax=True)
+        self._compute(range(len(tokens)), [r.ctypes.data for r in ours], argmax=True)
         self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)) and
                            np.array_equal(self.argmax[:len(tokens)], np.argmax(theirs, axis=1)))
         return self.active
 
 
-def output_order(lengths: Sequence[tuple[int, int]], logits: Sequence[bool], n_ubatch: int,
-                 per_seq_streams: bool) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def output_order(lengths: tuple[tuple[int, int], ...], logits: tuple[bool, ...], n_ubatch: int,
+                 per_seq_streams: bool) -> tuple[int, ...]:
     """The batch indices of the rows with logits, in the order llama.cpp evaluates them:
     ubatch after ubatch (`ubatch.split` of the batch's (seq_id, tokens) entries, laid out
-    entry after entry), within a ubatch entry by entry, each entry's tokens in order."""
+    entry after entry), within a ubatch entry by entry, each entry's tokens in order.
+    Memoised (a step's decode usually repeats an earlier one's shape): pass tuples."""
     start, cursor = {}, {}
     at = 0
     for seq_id, n in lengths:
@@ -235,7 +251,7 @@ def output_order(lengths: Sequence[tuple[int, int]], logits: Sequence[bool], n_u
             first = start[seq_id] + cursor[seq_id]
             order.extend(i for i in range(first, first + n) if logits[i])
             cursor[seq_id] += n
-    return order
+    return tuple(order)
 
 
 #: checked on each context's own output weight (`Hook.verify`), not once per process
