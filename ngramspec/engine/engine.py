@@ -366,13 +366,12 @@ class Engine:
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
 
     def _drafts(self, active: list[SeqState]) -> list[np.ndarray]:
-        """Each sequence's draft for this step: its proposals (`Speculation.plan`), the
-        lengths the policy chooses for all together, and the drafts committed; a step
-        where nothing proposed asks the policy nothing, and while the policy is idle (it
-        rests: rest.py) only a sequence with drafters of its own (a prediction) proposes."""
-        opts = [st.speculation.plan(st.tokens[:st.n_hist], st.sampled, room)
-                if st.speculation is not None and st.speculation.proposes
-                and (room := self._room(st)) > 0 else NO_OPTIONS for st in active]
+        """Each sequence's draft for this step: its proposals (`Speculation.plan`: none
+        while the policy rests, rest.py, unless the sequence has drafters of its own or its
+        chain's watch fires), the lengths the policy chooses for all together, and the
+        drafts committed; a step where nothing proposed asks the policy nothing."""
+        opts = [st.speculation.plan(st.tokens[:st.n_hist], st.sampled, self._room(st))
+                if st.speculation is not None else NO_OPTIONS for st in active]
         if all(o is NO_OPTIONS for o in opts):
             return [EMPTY] * len(active)
         base = [Shape(st.seq_id, 1, 1, st.n_hist) for st in active]

@@ -242,17 +242,24 @@ def fits_batch(shapes: Sequence[Shape], n_batch: int, pad: bool = True) -> bool:
 Sample = tuple[Sequence[Shape], float]  # one measured decode: its entries, its seconds
 
 
-#: the curve measured for Gemma 3 270M Q4_K_M on 2 cores (AVX-512), one stream: the prior
-#: of a model that has no cached curve yet, refitted to the run's first decodes (CostTracker)
+#: the curve measured for Gemma 3 270M Q4_K_M on 2 cores (AVX-512), one stream, with
+#: llama.cpp's output layer (vec_dot for one logit row, sgemm passes for several: the
+#: per_multi and per_odd terms): the prior of a model that has no cached curve yet, where
+#: that layer runs; refitted to the run's first decodes (CostTracker)
 DEFAULT_COEF = {"per_ubatch": 0.0092, "per_token": 0.0015, "per_logit": 0.0017,
                 "per_kv": 0.0012, "per_odd": 0.020, "per_multi": 0.0085}
+#: the same measured with ngramspec's output layer on every logit row (kernels/head.py;
+#: AMD Zen 5, 2 cores, `calibrate` over `calibration_shapes`): no pass structure, so a
+#: second row costs 1.24x of one instead of 1.9x; the prior where that layer runs
+OWN_HEAD_COEF = {"per_ubatch": 0.0056, "per_token": 0.00069, "per_logit": 0.0011,
+                 "per_kv": 0.00077, "per_odd": 0.0, "per_multi": 0.0}
 
 
 @dataclass(frozen=True)
 class Calibration:
     """The decode-cost model a run starts from, and how it was obtained.
 
-    source: "cache" (the cached curve), "default" (no cached curve: DEFAULT_COEF;
+    source: "cache" (the cached curve), "default" (no cached curve: the prior;
     `save` then writes the curve the run has learnt to the cache, once: CostPolicy
     calls it after SAVE_AFTER decodes) or "measured" (`refresh`: measured in full and
     cached). Either way the run refines its curve from its own decodes (CostTracker)."""
@@ -299,13 +306,14 @@ def save_curve(key: str, cost: DecodeCost, replace: bool = True) -> None:
 
 def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], layout: dict,
                       n_seq: int = 4, n_ctx_seq: int = 4096, refresh: bool = False,
-                      n_batch: int = 512) -> Calibration:
+                      n_batch: int = 512, prior: dict[str, float] = DEFAULT_COEF) -> Calibration:
     """The cost model for `key` (model file + size + threads + kernels + KV layout).
 
     Invariants: nothing is measured on the caller's critical path (a blocking
     re-check flapped on timing noise and cost more than the generation it was for;
     even two probe decodes cost a start-up 0.1-0.5 s on a busy 2-core machine): the
-    run starts from the cached curve, or from DEFAULT_COEF when none is cached (then
+    run starts from the cached curve, or from `prior` (DEFAULT_COEF, or OWN_HEAD_COEF where
+    ngramspec's output layer runs) when none is cached (then
     the curve the run learns is cached once, `Calibration.save`), and its own decodes
     refine the curve within the run (CostTracker; its first refits after
     CostTracker.FIRST_REFITS decodes). Only `refresh` measures every calibration shape
@@ -324,7 +332,7 @@ def load_or_calibrate(key: str, measure: Callable[[Sequence[Shape]], float], lay
                                time.perf_counter() - t0)
         except (KeyError, TypeError, ValueError):
             pass
-    return Calibration(DecodeCost(**DEFAULT_COEF, **layout), "default", time.perf_counter() - t0,
+    return Calibration(DecodeCost(**prior, **layout), "default", time.perf_counter() - t0,
                        save=lambda cost: save_curve(key, cost, replace=False))
 
 
@@ -433,8 +441,10 @@ def calibrate_context(model_path: Path, ctx, refresh: bool = False) -> Calibrati
         if refresh:
             warm = min(8, ctx.n_batch - ctx.invariant)
             measure([Shape(0, warm, warm)])
+        head = getattr(ctx, "head", None)
+        prior = OWN_HEAD_COEF if head is not None and head.active else DEFAULT_COEF
         cal = load_or_calibrate(key, measure, layout, ctx.params.n_seq_max, ctx.n_ctx_seq,
-                                refresh=refresh, n_batch=ctx.n_batch)
+                                refresh=refresh, n_batch=ctx.n_batch, prior=prior)
         return replace(cal, seconds=time.perf_counter() - t0)
     finally:
         for seq_id in scratch:

@@ -49,6 +49,10 @@ class DraftPolicy(Protocol):
     n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
     idle: bool  # it rests: only a sequence's own drafters propose (Speculation.proposes)
 
+    def wake(self) -> None:
+        """A sequence proposes during an idle step (its chain's watch fired): the step
+        counts as an active one."""
+
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
 
@@ -75,6 +79,9 @@ class FixedPolicy:
     cost = None
     n_rested = 0  # llama.cpp's policy always proposes
     idle = False
+
+    def wake(self) -> None:
+        pass
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -170,6 +177,9 @@ class CostPolicy:
         """Whether the policy rests this step: only a sequence's own drafters (a request's
         prediction) propose (`Speculation.proposes`)."""
         return not self.rest.active
+
+    def wake(self) -> None:
+        self.rest.wake()
 
     @_timed
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,

@@ -16,7 +16,11 @@ acceptance statistics measured. A lone active step sees a copy only as a fresh m
 short draft), not as the long drafts that following it earns, so when one of them has a
 draft accepted whole, the policy is active for a trial of TRIAL steps; a trial after
 which saved is still below host doubles the wait before the next one (up to MAX_GAP
-steps), a trial that pays resets it.
+steps), a trial that pays resets it. Between active steps a copy would be seen only a
+period late, so each resting step still pays one lookup per sequence (its chain's watch:
+the drafter keyed on the most tokens, `DrafterChain.watch`); where it matches, that
+sequence proposes and the step is measured as an active one (`wake`), so a draft
+accepted whole there starts a trial as well.
 
 Invariants: resting only decides whether a step proposes; emitted tokens never depend on
 it. A run starts active. The sums decay per step (half-life HALF_LIFE steps), so what an
@@ -51,6 +55,12 @@ class Rest:
         self._gap = 0  # steps to wait after a failed trial before the next
         self._wait = 0  # steps since the last trial ended
         self._whole = False  # a draft of the last drafted decode was accepted whole
+        self._woken = False  # a resting step in which a sequence proposes (`wake`)
+
+    def wake(self) -> None:
+        """A sequence proposes in this resting step (its chain's watch saw a copy begin):
+        the step is measured as an active one (host, saved, a draft accepted whole)."""
+        self._woken = True
 
     def spent(self, seconds: float) -> None:
         """Host seconds of the policy's own work (counted for the step whose decode ends
@@ -63,7 +73,8 @@ class Rest:
         self._close()
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
-        if self.active:
+        woken, self._woken = self._woken, False
+        if self.active or woken:
             self.decode_s += measured_s
             self.host += self._step_host
             self.n_active += 1

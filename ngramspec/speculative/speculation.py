@@ -79,17 +79,24 @@ class Speculation:
         for d in self.own:
             d.begin(self.seq_id, prompt)
 
-    @property
-    def proposes(self) -> bool:
+    def proposes(self, history: np.ndarray, sampled: int) -> bool:
         """Whether this step asks for proposals: unless the policy is idle (it rests:
-        rest.py), where only a sequence with drafters of its own (a prediction) does."""
-        return not self.policy.idle or bool(self.own)
+        rest.py), where only a sequence with drafters of its own (a prediction) does, or
+        one whose chain's watch sees a copy begin (`DrafterChain.watch`: one lookup); the
+        policy then counts the step as an active one (`wake`)."""
+        if not self.policy.idle or self.own:
+            return True
+        if self.chain.watch(self.seq_id, history, sampled):
+            self.policy.wake()
+            return True
+        return False
 
     def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
-        """Proposals for this step and their expected tokens (nothing committed yet)."""
+        """Proposals for this step and their expected tokens (nothing committed yet);
+        NO_OPTIONS without room or when this step does not propose (`proposes`)."""
         self.committed = None
         self.options = (self.policy.options(self, history, sampled, room)
-                        if room > 0 and self.proposes else NO_OPTIONS)
+                        if room > 0 and self.proposes(history, sampled) else NO_OPTIONS)
         return self.options
 
     def commit(self, k: int) -> np.ndarray:

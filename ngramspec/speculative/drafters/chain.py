@@ -68,6 +68,15 @@ def make_drafter_for(key: tuple, pool: HashPool):
     return d
 
 
+def watcher(drafters: Sequence[Drafter]) -> Drafter | None:
+    """The drafter a chain watches with while its policy rests: of the ngram-mod and
+    ngram-simple drafters (whose `draft` changes nothing a later call reads, so the
+    step's proposals are the same with or without the watch), the one keyed on the most
+    tokens (the least likely to match outside a copy); None without one."""
+    found = [d for d in drafters if isinstance(d, (NgramMod, NgramSimple))]
+    return max(found, key=lambda d: d.n, default=None)
+
+
 class DrafterChain:
     """An ordered list of drafters on one pool, itself a `Drafter`. Without `drafters`
     it builds `drafter_keys(config)`'s, so an auto config gets the auto candidates.
@@ -89,6 +98,21 @@ class DrafterChain:
         self._last: dict[int, tuple[Drafter, int] | None] = {}
         self._cap = config.draft_max if config.draft_max is not None else 1 << 30
         self._min = max(config.draft_min, 1)
+        self._watcher = watcher(self.drafters)
+
+    def watch(self, seq_id: int, history: np.ndarray, sampled: int) -> bool:
+        """Whether the chain's watcher (`watcher`) drafts at least draft_min tokens here:
+        the one lookup a step pays while a policy rests (rest.py), to see a copy begin.
+        Counted as a call of that drafter; nothing is proposed or committed."""
+        d = self._watcher
+        if d is None or self._cap < self._min:
+            return False
+        t0 = time.perf_counter_ns()
+        n = len(d.draft(seq_id, history, sampled, self._min))
+        st = self.stats[d.name]
+        st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
+        st.n_call_draft += 1
+        return n >= self._min
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self._last[seq_id] = None
