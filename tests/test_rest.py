@@ -2,6 +2,8 @@
 proposing, samples an active step now and then, and comes back when drafting pays."""
 from __future__ import annotations
 
+import pytest
+
 from ngramspec.speculative.rest import Rest
 
 PLAIN = 0.002  # seconds of a plain decode
@@ -76,46 +78,36 @@ def test_the_policies_count_rested_steps():
     assert pol.n_rested == pol.rest.n_rested > 50
 
 
-def test_an_idle_policy_asks_only_a_prediction_for_proposals(fast_model_path, threads,
-                                                             monkeypatch):
+def test_an_idle_policy_asks_only_a_prediction_for_proposals(auto_engine, monkeypatch):
     """While the policy rests (`idle`) and no chain's watch fires, a step asks no sequence
     for proposals (spec-off's host path) but one with a prediction of its own; the output
     is spec-off's."""
     import numpy as np
 
-    from ngramspec.engine.runtime import EngineSettings, load_engine
-    from ngramspec.settings.config import AUTO, SpecConfig
     from ngramspec.speculative.drafters.chain import DrafterChain
     from ngramspec.speculative.policy import CostPolicy
     from test_own_budget import _run
 
-    eng = load_engine(EngineSettings(model=fast_model_path, n_ctx=1024, threads=threads,
-                                     spec=SpecConfig().with_types(AUTO)))
-    try:
-        prompt = eng.model.tokenize("one two three four five six seven eight " * 4)
-        plain, _ = _run(eng, prompt, 48, speculative=False)
-        monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
-        monkeypatch.setattr(DrafterChain, "watch", lambda *a: False)
-        asked = []
-        real = CostPolicy.options
-        monkeypatch.setattr(CostPolicy, "options",
-                            lambda pol, sp, *a: asked.append(sp.own) or real(pol, sp, *a))
-        out, _ = _run(eng, prompt, 48)
-        assert out == plain and asked == []
-        out, (drafted, accepted) = _run(eng, prompt, 48,
-                                        prediction=np.asarray(plain, dtype=np.int32))
-        assert out == plain and asked and all(asked) and accepted > 0
-    finally:
-        eng.ctx.close()
-        eng.model.close()
+    eng = auto_engine
+    prompt = eng.model.tokenize("one two three four five six seven eight " * 4)
+    plain, _ = _run(eng, prompt, 48, speculative=False)
+    monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
+    monkeypatch.setattr(DrafterChain, "watch", lambda *a: False)
+    asked = []
+    real = CostPolicy.options
+    monkeypatch.setattr(CostPolicy, "options",
+                        lambda pol, sp, *a: asked.append(sp.own) or real(pol, sp, *a))
+    out, _ = _run(eng, prompt, 48)
+    assert out == plain and asked == []
+    out, (drafted, accepted) = _run(eng, prompt, 48, prediction=np.asarray(plain, dtype=np.int32))
+    assert out == plain and asked and all(asked) and accepted > 0
 
 
-def test_a_resting_policy_watches_for_a_copy(fast_model_path, threads, monkeypatch):
+def test_a_resting_policy_watches_for_a_copy(auto_engine, monkeypatch):
     """While the policy rests, each step still asks the chain's watcher (auto: the drafter
     keyed on the most tokens, ngram-mod-n16) for one lookup; where it matches, that
     sequence proposes and the step counts as an active one (`Rest.wake`). A chain without
     a drafter whose draft leaves no state (map-k only) does not watch. Output: spec-off's."""
-    from ngramspec.engine.runtime import EngineSettings, load_engine
     from ngramspec.settings.config import AUTO, SpecConfig
     from ngramspec.speculative.drafters.chain import DrafterChain, watcher
     from ngramspec.speculative.policy import CostPolicy
@@ -124,18 +116,26 @@ def test_a_resting_policy_watches_for_a_copy(fast_model_path, threads, monkeypat
 
     assert watcher(DrafterChain(SpecConfig().with_types(AUTO)).drafters).name == "ngram-mod-n16"
     assert watcher(DrafterChain(SpecConfig().with_types(("ngram-map-k",))).drafters) is None
+    eng = auto_engine
+    prompt = eng.model.tokenize("one two three four five six seven eight " * 8)
+    plain, _ = _run(eng, prompt, 48, speculative=False)
+    monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
+    woken = []
+    real = Rest.wake
+    monkeypatch.setattr(Rest, "wake", lambda r: woken.append(1) or real(r))
+    out, _ = _run(eng, prompt, 48)
+    accepted = sum(s.n_acc_tokens for s in eng.stats().values())
+    assert out == plain and woken and accepted > 0
+
+
+@pytest.fixture
+def auto_engine(fast_model_path, threads):
+    """An engine with --spec-type auto on the fast model, closed after the test."""
+    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.settings.config import AUTO, SpecConfig
+
     eng = load_engine(EngineSettings(model=fast_model_path, n_ctx=1024, threads=threads,
                                      spec=SpecConfig().with_types(AUTO)))
-    try:
-        prompt = eng.model.tokenize("one two three four five six seven eight " * 8)
-        plain, _ = _run(eng, prompt, 48, speculative=False)
-        monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
-        woken = []
-        real = Rest.wake
-        monkeypatch.setattr(Rest, "wake", lambda r: woken.append(1) or real(r))
-        out, _ = _run(eng, prompt, 48)
-        accepted = sum(s.n_acc_tokens for s in eng.stats().values())
-        assert out == plain and woken and accepted > 0
-    finally:
-        eng.ctx.close()
-        eng.model.close()
+    yield eng
+    eng.ctx.close()
+    eng.model.close()
