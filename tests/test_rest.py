@@ -64,6 +64,14 @@ def test_a_trial_that_does_not_pay_waits_longer_before_the_next():
         trials.append(a)
     assert sum(trials[300:]) < sum(trials[:300])  # the gap grew
     assert sum(trials[300:]) <= 300 / 4
+    # while the wait after a failed trial lasts, a resting step does not watch for a copy
+    # (a woken step would only start the trial that failed); it watches again after it
+    assert rest._gap > 0
+    watching = []
+    for _ in range(2 * rest._gap + 2):
+        watching.append(rest.watching)
+        _step(rest, host=0.001)
+    assert not all(watching) and any(watching)
 
 
 def test_the_policies_count_rested_steps():

@@ -49,6 +49,8 @@ class DraftPolicy(Protocol):
     n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
     idle: bool  # it rests: only a sequence's own drafters propose (Speculation.proposes)
 
+    watching: bool  # while idle, a sequence's chain may watch for a copy (rest.py)
+
     def wake(self) -> None:
         """A sequence proposes during an idle step (its chain's watch fired): the step
         counts as an active one."""
@@ -79,6 +81,7 @@ class FixedPolicy:
     cost = None
     n_rested = 0  # llama.cpp's policy always proposes
     idle = False
+    watching = False
 
     def wake(self) -> None:
         pass
@@ -177,6 +180,10 @@ class CostPolicy:
         """Whether the policy rests this step: only a sequence's own drafters (a request's
         prediction) propose (`Speculation.proposes`)."""
         return not self.rest.active
+
+    @property
+    def watching(self) -> bool:
+        return self.rest.watching
 
     def wake(self) -> None:
         self.rest.wake()

@@ -57,6 +57,12 @@ class Rest:
         self._whole = False  # a draft of the last drafted decode was accepted whole
         self._woken = False  # a resting step in which a sequence proposes (`wake`)
 
+    @property
+    def watching(self) -> bool:
+        """Whether a resting step may look for a copy (`wake`): not while the wait after a
+        failed trial lasts (a copy seen there would only start a trial that failed)."""
+        return self._wait >= self._gap
+
     def wake(self) -> None:
         """A sequence proposes in this resting step (its chain's watch saw a copy begin):
         the step is measured as an active one (host, saved, a draft accepted whole)."""

@@ -81,12 +81,12 @@ class Speculation:
 
     def proposes(self, history: np.ndarray, sampled: int) -> bool:
         """Whether this step asks for proposals: unless the policy is idle (it rests:
-        rest.py), where only a sequence with drafters of its own (a prediction) does, or
-        one whose chain's watch sees a copy begin (`DrafterChain.watch`: one lookup); the
-        policy then counts the step as an active one (`wake`)."""
+        rest.py), where only a sequence with drafters of its own (a prediction) does, or,
+        while the policy is `watching`, one whose chain's watch sees a copy begin
+        (`DrafterChain.watch`: one lookup); the policy then counts the step as active."""
         if not self.policy.idle or self.own:
             return True
-        if self.chain.watch(self.seq_id, history, sampled):
+        if self.policy.watching and self.chain.watch(self.seq_id, history, sampled):
             self.policy.wake()
             return True
         return False
