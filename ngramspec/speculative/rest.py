@@ -20,7 +20,8 @@ steps), a trial that pays resets it. Between active steps a copy would be seen o
 period late, so each resting step still pays one lookup per sequence (its chain's watch:
 the drafter keyed on the most tokens, `DrafterChain.watch`); where it matches, that
 sequence proposes and the step is measured as an active one (`wake`), so a draft
-accepted whole there starts a trial as well.
+accepted whole there starts a trial as well; not during the wait after a failed trial
+(`watching`), where it would only start the trial that failed.
 
 Invariants: resting only decides whether a step proposes; emitted tokens never depend on
 it. A run starts active. The sums decay per step (half-life HALF_LIFE steps), so what an
