@@ -12,31 +12,22 @@ import numpy as np
 import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
-from ngramspec.engine.request import Request
 from ngramspec.engine.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
+from together import run_alone
 
 pytestmark = pytest.mark.model
 
 REPEAT = "Repeat this text exactly:\n" + "The quick brown fox jumps over the lazy dog.\n" * 6
 CODE = ("def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n"
         "def mul(a, b):\n    return a * b\n\ndef div(a, b):\n    return a / b\n\ndef ")
-GREEDY = SamplingParams(temperature=0.0)
 LONG = REPEAT * 3  # 217 tokens: fits a 256-token slot, leaves ~40 to generate
 LONG_CODE = CODE * 4  # 233 tokens
 
 
 def run(engine, prompt, speculative, shift, n_predict=80, seq_id=0):
-    st = engine.start(seq_id, Request(prompt=prompt, sampling=GREEDY, n_predict=n_predict,
-                                      speculative=speculative, context_shift=shift))
-    out = None
-    while out is None:
-        out = engine.prefill(st)
-    tokens = list(out.tokens)
-    while not st.done:
-        tokens += engine.step([st])[0].tokens
-    engine.finish(st)
-    return tokens, st
+    return run_alone(engine, prompt, n_predict, seq_id, speculative=speculative,
+                     context_shift=shift)
 
 
 @pytest.mark.parametrize("text,shift,n_shifts", [(LONG, (0, 0), 1), (LONG, (-1, 0), 2),

@@ -50,21 +50,10 @@ def test_free_rows_are_never_capped():
 
 def _run(engine, prompt, n, prediction=None, speculative=True):
     """Greedy tokens of one sequence, and its prediction's (drafted, accepted) tokens."""
-    from ngramspec.engine.request import Request
-    from ngramspec.engine.sampling import SamplingParams
+    from together import run_alone
 
-    st = engine.start(0, Request(prompt=prompt, sampling=SamplingParams(temperature=0.0),
-                                 n_predict=n, speculative=speculative, prediction=prediction))
-    out = []
-    try:
-        while (first := engine.prefill(st)) is None:
-            pass
-        out += first.tokens
-        while not st.done:
-            out += engine.step([st])[0].tokens
-        return out, st.prediction
-    finally:
-        engine.finish(st)
+    out, st = run_alone(engine, prompt, n, prediction=prediction, speculative=speculative)
+    return out, st.prediction
 
 
 def test_a_spec_off_engine_prices_a_requests_prediction(fast_model_path, threads):

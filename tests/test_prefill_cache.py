@@ -13,6 +13,7 @@ from ngramspec.llama.context import Context, ContextParams
 from ngramspec.llama.twin import open_context
 from ngramspec.engine.request import Request
 from ngramspec.engine.sampling import SamplingParams
+from together import run_alone
 
 pytestmark = pytest.mark.model
 GREEDY = SamplingParams(temperature=0.0)
@@ -21,15 +22,7 @@ N = 32
 
 def run(engine, seq_id, prompt, chunk=512, n=N, **kw):
     """One sequence alone: (tokens, state)."""
-    st = engine.start(seq_id, Request(prompt=prompt, sampling=GREEDY, n_predict=n, **kw))
-    first = None
-    while first is None:
-        first = engine.prefill(st, chunk)
-    toks = list(first.tokens)
-    while not st.done:
-        toks += engine.step([st])[0].tokens
-    engine.finish(st)
-    return toks, st
+    return run_alone(engine, prompt, n, seq_id, chunk, **kw)
 
 
 @pytest.fixture(scope="module")

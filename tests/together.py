@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ngramspec.engine.request import Request
+from ngramspec.engine.sampling import SamplingParams
 
 
 def run_together(engine, prompts, samplings, n_predict):
@@ -22,3 +23,22 @@ def run_together(engine, prompts, samplings, n_predict):
     for st in states:
         engine.finish(st)
     return toks, states
+
+
+def run_alone(engine, prompt, n_predict, seq_id=0, chunk=512, **request):
+    """One sequence alone, greedy unless `request` gives a sampling: prefilled in chunks
+    of `chunk`, stepped until done, finished. `request`: Request's other fields
+    (speculative, prediction, cache_prompt, context_shift, ...). Returns the tokens and
+    the finished SeqState."""
+    request.setdefault("sampling", SamplingParams(temperature=0.0))
+    st = engine.start(seq_id, Request(prompt=prompt, n_predict=n_predict, **request))
+    try:
+        first = None
+        while first is None:
+            first = engine.prefill(st, chunk)
+        toks = list(first.tokens)
+        while not st.done:
+            toks += engine.step([st])[0].tokens
+        return toks, st
+    finally:
+        engine.finish(st)

@@ -48,7 +48,6 @@ class DraftPolicy(Protocol):
     cost: DecodeCost | None
     n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
     idle: bool  # it rests: only a sequence's own drafters propose (Speculation.proposes)
-
     watching: bool  # while idle, a sequence's chain may watch for a copy (rest.py)
 
     def wake(self) -> None:

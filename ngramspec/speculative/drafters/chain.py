@@ -107,12 +107,17 @@ class DrafterChain:
         d = self._watcher
         if d is None or self._cap < self._min:
             return False
+        return len(self._draft(d, seq_id, history, sampled, self._min)[0]) >= self._min
+
+    def _draft(self, d: Drafter, seq_id: int, history: np.ndarray, sampled: int,
+               max_len: int) -> tuple[np.ndarray, DrafterStats]:
+        """`d.draft`, counted as one call of that drafter (its time too); with its stats."""
         t0 = time.perf_counter_ns()
-        n = len(d.draft(seq_id, history, sampled, self._min))
-        st = self.stats[d.name]
+        draft = d.draft(seq_id, history, sampled, max_len)
+        st = self.stats.get(d.name) or self.stats.setdefault(d.name, DrafterStats(d.name))
         st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
         st.n_call_draft += 1
-        return n >= self._min
+        return draft, st
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self._last[seq_id] = None
@@ -135,11 +140,7 @@ class DrafterChain:
         if max_len < self._min:
             return out
         for d in (*extra, *self.drafters):
-            t0 = time.perf_counter_ns()
-            draft = d.draft(seq_id, history, sampled, max_len)
-            st = self.stats.get(d.name) or self.stats.setdefault(d.name, DrafterStats(d.name))
-            st.t_draft_us += (time.perf_counter_ns() - t0) / 1e3
-            st.n_call_draft += 1
+            draft, st = self._draft(d, seq_id, history, sampled, max_len)
             if len(draft) >= self._min:
                 out.append((d, draft[:max_len]))
                 st.n_prop_drafts += 1
