@@ -4,7 +4,8 @@ device, run here on the CPU backend: the same code, the same shape, the same che
 hand, docs/exactness.md "Exact decoding on a device").
 
 Checked on the real model: the start-up check passes; every decode has `rows` rows and
-the slot's cells sit at cells = positions with the sentinel in the last cell; greedy
+the slot's cells sit at cells = positions; a decode never spans two KV views, and after
+a context shift the sentinel gives every decode the whole cache's; greedy
 spec-on equals spec-off at one slot and at four slots together (each prompt alone);
 a prompt-cache hit equals a miss; a slot file round-trips; the cost model prices a
 draft that fits as free; load_engine opens this context where asked and the planner
@@ -49,12 +50,43 @@ def test_the_start_up_check_passes_and_the_layout_holds(fixed):
     assert check.passed and check.rows == ctx.rows == ROWS, check.reason
     slot = ctx.slots[0]
     lc = slot.lc
-    assert lc.llama_memory_seq_pos_max(slot.memory, 2) == slot.n_ctx - 1  # the sentinel
+    assert lc.llama_memory_seq_pos_max(slot.memory, 2) == -1  # no sentinel: natural views
     rows = ctx.decode([(0, list(range(100, 140)), 0, False)])  # 40 tokens: several decodes
     assert len(rows[0]) == 1 and ctx.positions(0) == (0, 39)
     assert lc.llama_memory_seq_pos_max(slot.memory, 1) == -1  # no padding row left
     ctx.truncate(0, 30)
     assert ctx.positions(0) == (0, 29)
+
+
+def test_a_decode_never_spans_two_kv_views(fixed):
+    """llama.cpp's view of a decode at p is the highest used cell padded to 256; a row
+    decoded alone at q sees view(q). So a decode holds only rows of its first row's view."""
+    slot = fixed(1).slots[0]
+    R = slot.rows
+    assert slot.view(0) == 256 and slot.view(256 - R) == 256 and slot.view(257 - R) == 512
+    assert slot.take(0, 100) == R and slot.take(256 - R - 2, R) == 3 and slot.take(256 - R, R) == 1
+    assert slot.take(257 - R, R) == R
+    for p in range(0, slot.n_ctx - 2 * R):
+        k = slot.take(p, R)
+        assert 1 <= k <= R and all(slot.view(p + j) == slot.view(p) for j in range(k))
+        assert k == R or slot.view(p + k) > slot.view(p)
+
+
+def test_a_shift_gives_the_whole_view_until_the_slot_is_cut_back(fixed):
+    ctx = fixed(1)
+    slot = ctx.slots[0]
+    lc = slot.lc
+    ctx.decode([(0, list(range(100, 400)), 0, False)])
+    ctx.shift(0, 10, 100, 300)
+    assert ctx.positions(0) == (0, 199) and slot.kept == 10
+    assert lc.llama_memory_seq_pos_max(slot.memory, 2) >= 0 and slot.view(0) == slot.n_ctx
+    assert slot.take(250, 100) == ROWS  # one view: no split
+    ctx.decode([(0, list(range(5, 25)), 200, False)])  # the freed cells taken again
+    ctx.truncate(0, 205)
+    assert slot.kept == 10 and lc.llama_memory_seq_pos_max(slot.memory, 2) >= 0
+    ctx.truncate(0, 10)  # back to unshifted cells: no sentinel
+    assert slot.kept == -1 and lc.llama_memory_seq_pos_max(slot.memory, 2) == -1
+    assert slot.view(0) == 256 and ctx.positions(0) == (0, 9)
 
 
 def test_spec_on_equals_spec_off_at_one_and_four_slots(model, fixed):

@@ -16,10 +16,16 @@ whether it is decoded alone (spec-off) or as row k of a verify (docs/exactness.m
   padding rows of sequence 1 at positions 0.. (removed right after; they see only
   each other). llama.cpp then lays the slot's cells out at cells = positions: a
   removal sets its search head to the first freed cell.
-- **The sentinel**, one cell of sequence 2 in the cache's last cell, placed at start
-  (the cache is filled with it, then all but the last removed). llama.cpp sizes the
-  attention's KV view by the highest used cell (padded to 256), and that size
-  changes the softmax's block size: with the sentinel it is always the whole cache.
+- **The KV view.** llama.cpp sizes the attention's KV view by the highest used cell,
+  padded to 256 (`get_n_kv`), and that size picks e.g. the softmax's block size. With
+  cells = positions and padding rows after the real ones, a decode whose first row sits
+  at position p has the view `view(p)` = pad256(p + rows): a row decoded alone at q sees
+  view(q). So a decode never holds rows whose own view differs from its first row's
+  (`_SlotContext.take`: an entry is split where the view grows; a verify across such a
+  point costs two decodes, once every 256 positions). After a context shift cells are
+  no longer positions: then **the sentinel**, one cell of sequence 2 in the cache's last
+  cell, makes the view the whole cache for every decode of that slot, until the slot is
+  cut back to its unshifted cells.
 - A prompt is evaluated in `rows`-row decodes too, so every cell is computed as a
   generation step computes it, whatever the chunking or the prompt cache.
 
@@ -27,13 +33,14 @@ whether it is decoded alone (spec-off) or as row k of a verify (docs/exactness.m
 two), and requires bit-identical logits on every row, as the CPU kernels' self-tests
 do; `runtime` turns this mode on only if it passes.
 
-Invariants: a slot's cells hold positions 0..n-1 in cells 0..n-1, the sentinel the last
-cell; `decode` returns global row indices valid until the next decode (`logits_at`,
+Invariants: a slot's cells hold positions 0..n-1 in cells 0..n-1 until a shift (then the
+sentinel holds the last cell); `decode` returns global row indices valid until the next decode (`logits_at`,
 `argmax_at`, `logits_source`); at most `n_ctx_seq` positions a slot (its cache less the
 padding rows and the sentinel).
 """
 from __future__ import annotations
 
+import ctypes as C
 import os
 import time
 from dataclasses import dataclass, replace
@@ -48,12 +55,17 @@ from .logit_rows import LogitRows
 from .model import Model, ModelError
 
 #: rows of every decode on a device (verifies of up to ROWS - 1 drafted tokens). On an
-#: H200 (CUDA, 4-block SmolLM2) 8 rows beat 16 with speculation off and on: a decode of
-#: 8 rows 0.47 ms, of 16 0.73 ms, llama.cpp's unpadded one-row decode 0.29 ms
-#: (docs/benchmarks.md). NGRAMSPEC_FIXED_ROWS sets another width; the start-up check
+#: H200 (CUDA, 4-block SmolLM2, natural views) a decode of 4 rows 0.36 ms, 8 rows 0.42 ms,
+#: 16 rows 0.63 ms, llama.cpp's unpadded one-row decode 0.26 ms; 8 rows gave auto the
+#: most on 2 of 4 fixtures and the 12-document pipeline, 4 rows a 1.2x faster spec-off
+#: (docs/benchmarks.md). A fixed width, not a timed choice: the width is part of every
+#: row's values, so two runs must not choose differently. NGRAMSPEC_FIXED_ROWS sets
+#: another (at least 3: llama.cpp reserves one output per sequence); the start-up check
 #: decides whether it is exact.
-ROWS = max(2, int(os.environ.get("NGRAMSPEC_FIXED_ROWS", "8") or 8))
+ROWS = max(3, int(os.environ.get("NGRAMSPEC_FIXED_ROWS", "8") or 8))
 PAD_SEQ, SENTINEL_SEQ = 1, 2
+#: llama.cpp pads the attention's KV view to a multiple of this (llama_kv_cache::get_n_kv)
+VIEW_QUANTUM = 256
 #: rows an entry is given per global index (`_index`): more than any entry holds
 _STRIDE = 1 << 20
 
@@ -94,38 +106,96 @@ class _SlotContext:
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                              f"{model.path}; try a smaller -c/--ctx-size")
         self.batch = lc.llama_batch_init(rows, 0, 3)
+        self._views()
         self.memory = lc.llama_get_memory(self.ptr)
         self.n_ctx = lc.llama_n_ctx(self.ptr)
-        self._place_sentinel()
+        self.kept = -1  # after a shift: the leading cells still at their positions (else -1)
 
-    def _place_sentinel(self) -> None:
-        """Fill the cache with sequence 2, keep its last cell (the cache's last)."""
-        for p0 in range(0, self.n_ctx, self.rows):
-            n = min(self.rows, self.n_ctx - p0)
+    def view(self, pos: int) -> int:
+        """The KV view llama.cpp gives a decode whose first row is at `pos`: the highest
+        used cell + 1 (the decode's last padding row's) padded to 256, at most the
+        cache; the whole cache once the sentinel holds its last cell."""
+        if self.kept >= 0:
+            return self.n_ctx
+        top = -(-(pos + self.rows) // VIEW_QUANTUM) * VIEW_QUANTUM
+        return min(self.n_ctx, max(VIEW_QUANTUM, top))
+
+    def take(self, pos: int, n: int) -> int:
+        """How many of n tokens at pos.. one decode holds: at most `rows`, and none
+        whose own decode alone would see a larger view than the first's."""
+        if self.kept >= 0:
+            return min(n, self.rows)
+        return max(1, min(n, self.rows, self.view(pos) - self.rows - pos + 1))
+
+    def place_sentinel(self, kept: int) -> None:
+        """After a shift: fill the free cells with sequence 2 and keep the last one
+        (the cache's last: free cells are taken in index order from the first freed,
+        llama_kv_cache::find_slot). `kept`: the cells still at their positions."""
+        if self.kept >= 0:
+            self.kept = min(self.kept, kept)
+            return
+        lo, hi = self.lc.llama_memory_seq_pos_min(self.memory, 0), \
+            self.lc.llama_memory_seq_pos_max(self.memory, 0)
+        free = self.n_ctx - (hi - lo + 1 if hi >= 0 else 0)
+        for p0 in range(0, free, self.rows):
+            n = min(self.rows, free - p0)
             self._run([(1, p0 + i, SENTINEL_SEQ, False) for i in range(n)])
-        self.lc.llama_memory_seq_rm(self.memory, SENTINEL_SEQ, 0, self.n_ctx - 1)
-        if self.lc.llama_memory_seq_pos_max(self.memory, SENTINEL_SEQ) != self.n_ctx - 1:
+        self.lc.llama_memory_seq_rm(self.memory, SENTINEL_SEQ, 0, free - 1)
+        if self.lc.llama_memory_seq_pos_max(self.memory, SENTINEL_SEQ) != free - 1:
             raise ModelError("llama.cpp did not keep the sentinel cell of a fixed-shape context")
+        self.kept = kept
+
+    def cut(self, n: int) -> None:
+        """Keep the slot's first n positions; the sentinel goes once they are all
+        unshifted (cells = positions again)."""
+        self.lc.llama_memory_seq_rm(self.memory, 0, n, -1)
+        if 0 <= self.kept and n <= self.kept:
+            self.lc.llama_memory_seq_rm(self.memory, SENTINEL_SEQ, -1, -1)
+            self.kept = -1
+
+    def _views(self) -> None:
+        """numpy views of the batch's arrays (a step writes slices, no Python per row);
+        the rows' sequence ids point into one array of ours (restored before free)."""
+        b, rows = self.batch, self.rows
+        self._tok = np.ctypeslib.as_array(b.token, (rows,))
+        self._pos = np.ctypeslib.as_array(b.pos, (rows,))
+        self._logits = np.ctypeslib.as_array(b.logits, (rows,))
+        np.ctypeslib.as_array(b.n_seq_id, (rows,))[:] = 1
+        self._seq = np.zeros(rows, np.int32)
+        self._seq_ptrs = [C.cast(b.seq_id[i], C.c_void_p).value for i in range(rows)]
+        at = self._seq.ctypes.data
+        for i in range(rows):
+            b.seq_id[i] = C.cast(at + 4 * i, C.POINTER(C.c_int32))
+        self._ramp = np.arange(rows, dtype=np.int32)
 
     def _run(self, rows) -> None:
-        b = self.batch
+        """Decode `rows` [(token, pos, seq, logits)] as they are (the sentinel's fill)."""
         for i, (tok, pos, seq, logits) in enumerate(rows):
-            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, pos, 1, logits
-            b.seq_id[i][0] = seq
-        b.n_tokens = len(rows)
-        rc = self.lc.llama_decode(self.ptr, b)
+            self._tok[i], self._pos[i], self._seq[i], self._logits[i] = tok, pos, seq, logits
+        self._decode(len(rows))
+
+    def _decode(self, n: int) -> None:
+        self.batch.n_tokens = n
+        rc = self.lc.llama_decode(self.ptr, self.batch)
         if rc != 0:
-            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {len(rows)} tokens)")
+            raise RuntimeError(f"llama_decode failed with code {rc} (batch of {n} tokens)")
         self.lc.llama_synchronize(self.ptr)  # a device returns before it has finished
 
     def step(self, tokens: Sequence[int], pos0: int) -> None:
-        """Decode 1..rows tokens of the slot at pos0.., padded to `rows` rows, every row
-        with logits; the padding rows' cells are removed after."""
-        n = len(tokens)
-        pad = int(tokens[-1])
-        self._run([(int(t), pos0 + i, 0, True) for i, t in enumerate(tokens)]
-                  + [(pad, i, PAD_SEQ, True) for i in range(self.rows - n)])
-        if n < self.rows:
+        """Decode 1..rows tokens of the slot at pos0.., padded to `rows` rows of sequence
+        1 at positions 0.. (their token: the last real one; a row's values do not depend
+        on the others'), every row with logits; the padding rows' cells removed after."""
+        n, rows = len(tokens), self.rows
+        self._tok[:n] = tokens
+        self._tok[n:] = self._tok[n - 1]
+        self._pos[:n] = self._ramp[:n]
+        self._pos[:n] += pos0
+        self._pos[n:] = self._ramp[:rows - n]
+        self._seq[:n] = 0
+        self._seq[n:] = PAD_SEQ
+        self._logits[:] = 1
+        self._decode(rows)
+        if n < rows:
             self.lc.llama_memory_seq_rm(self.memory, PAD_SEQ, -1, -1)
 
     def row(self, i: int) -> np.ndarray:
@@ -134,6 +204,8 @@ class _SlotContext:
 
     def close(self) -> None:
         if self.batch is not None:
+            for i, addr in enumerate(self._seq_ptrs):
+                self.batch.seq_id[i] = C.cast(addr, C.POINTER(C.c_int32))
             self.lc.llama_batch_free(self.batch)
             self.batch = None
         if self.ptr:
@@ -192,7 +264,7 @@ class FixedShapeContext(FreedOnCollect):
         except BaseException:
             self.close()
             raise
-        self.n_ctx_seq = self.slots[0].n_ctx - rows  # room for the padding rows and sentinel
+        self.n_ctx_seq = self.slots[0].n_ctx - rows  # room for the padding rows
         self.n_ctx = self.n_ctx_seq * n_seq
         self.n_batch = rows * n_seq
         self.n_ubatch = rows
@@ -232,21 +304,22 @@ class FixedShapeContext(FreedOnCollect):
         out = []
         for seq_id, tokens, pos0, all_logits in entries:
             slot, n = self.slots[seq_id], len(tokens)
-            mine = []
-            for c0 in range(0, n, self.rows):
-                chunk = tokens[c0:c0 + self.rows]
-                slot.step(chunk, pos0 + c0)
-                last = c0 + len(chunk) >= n
-                for j in range(len(chunk)):
-                    k = c0 + j
-                    if not (all_logits or (all_logits is not None and k == n - 1)):
+            mine, c0 = [], 0
+            while c0 < n:
+                k = slot.take(pos0 + c0, n - c0)
+                slot.step(tokens[c0:c0 + k], pos0 + c0)
+                last = c0 + k >= n
+                for j in range(k):
+                    i = c0 + j
+                    if not (all_logits or (all_logits is not None and i == n - 1)):
                         continue
-                    index = seq_id * _STRIDE + k
+                    index = seq_id * _STRIDE + i
                     if last:
                         self._where[index] = (seq_id, j)
                     else:
                         self._saved[index] = slot.row(j).copy()
                     mine.append(index)
+                c0 += k
             out.append(mine)
         self.compute_s = time.perf_counter() - t0
         return out
@@ -284,16 +357,17 @@ class FixedShapeContext(FreedOnCollect):
         return self.slots[seq_id].ptr, 0
 
     def truncate(self, seq_id: int, n: int) -> None:
-        s = self.slots[seq_id]
-        s.lc.llama_memory_seq_rm(s.memory, 0, n, -1)
+        self.slots[seq_id].cut(n)
 
     def shift(self, seq_id: int, n_keep: int, n_discard: int, n_past: int) -> None:
         """Context shift, as `Context.shift`. The freed cells are taken again in index
         order by the rows of the next decodes, real rows first, with speculation on
-        and off alike (the shift happens at the same token: engine.py)."""
+        and off alike (the shift happens at the same token: engine.py); from here the
+        slot's decodes see the whole cache (`_SlotContext.place_sentinel`)."""
         s = self.slots[seq_id]
         s.lc.llama_memory_seq_rm(s.memory, 0, n_keep, n_keep + n_discard)
         s.lc.llama_memory_seq_add(s.memory, 0, n_keep + n_discard, n_past, -n_discard)
+        s.place_sentinel(n_keep)  # cells are no longer positions: the whole cache's view
 
     def positions(self, seq_id: int) -> tuple[int, int]:
         s = self.slots[seq_id]
@@ -306,26 +380,37 @@ class FixedShapeContext(FreedOnCollect):
 
     def self_check(self, window: int = 8) -> CheckResult:
         """Decode `window` prompt tokens, then `rows` tokens one a step, then the same
-        tokens as one verify and as two: every row's logits must be bit-identical.
-        Runs on slot 0, which it leaves empty."""
+        tokens as one verify and as two: every row's logits must be bit-identical. Then
+        the same one verify where the KV view grows inside it (`_SlotContext.take`),
+        where the slot is larger than one view. Runs on slot 0, which it leaves empty."""
         t0 = time.perf_counter()
+        three = min(3, self.rows - 1)
+        diffs = self._differences(window, ((self.rows,), (three, self.rows - three)))
+        edge = VIEW_QUANTUM - self.rows - 2
+        if self.slots[0].n_ctx > VIEW_QUANTUM and edge + self.rows <= self.n_ctx_seq:
+            diffs += self._differences(edge, ((self.rows,),))
+        self.clear(0)
+        bad = [d for d in diffs if d.any() or np.isnan(d).any()]
+        worst = max((float(np.nanmax(d)) for d in bad), default=0.0)
+        return CheckResult(not bad, self.rows, len(bad), worst, time.perf_counter() - t0)
+
+    def _differences(self, window: int, splits) -> list[np.ndarray]:
+        """|logits| differences between `rows` tokens decoded one a step after `window`
+        prompt tokens and the same tokens decoded in each split's decodes, on slot 0."""
         slot = self.slots[0]
         toks = [(1000 + 37 * i) % self.n_vocab for i in range(window + self.rows)]
         self.clear(0)
-        slot.step(toks[:window], 0)
+        self.decode([(0, toks[:window], 0, False)])
         ref = []
         for i in range(self.rows):
             slot.step([toks[window + i]], window + i)
             ref.append(slot.row(0).copy())
         diffs = []
-        for split in ((self.rows,), (3, self.rows - 3)):
+        for split in splits:
             self.truncate(0, window)
             p = 0
             for n in split:
-                slot.step(toks[window + p:window + p + n], window + p)
-                diffs += [np.abs(slot.row(j) - ref[p + j]) for j in range(n)]
+                rows = self.decode([(0, toks[window + p:window + p + n], window + p, True)])[0]
+                diffs += [np.abs(self.logits_at(r) - ref[p + j]) for j, r in enumerate(rows)]
                 p += n
-        self.clear(0)
-        bad = [d for d in diffs if d.any() or np.isnan(d).any()]
-        worst = max((float(np.nanmax(d)) for d in bad), default=0.0)
-        return CheckResult(not bad, self.rows, len(bad), worst, time.perf_counter() - t0)
+        return diffs
