@@ -68,7 +68,7 @@ def load_model(model_path: Optional[str] = None):
 
 def record_stream(engine, prompt_text: str, n_predict: int, on_token=None) -> Dict:
     """Greedily decode up to ``n_predict`` tokens after ``prompt_text`` (spec off)."""
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     prompt_tokens = engine.model.tokenize(prompt_text)
     if len(prompt_tokens) + n_predict > N_CTX:

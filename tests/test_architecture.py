@@ -65,7 +65,7 @@ def test_a_prepared_job_gives_a_fresh_job_per_submission():
     import numpy as np
 
     from ngramspec.jobs.scheduler import Job
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
     from ngramspec.server.prepare import Prepared, make_job
 
     prep = Prepared(Job(prompt=np.arange(3, dtype=np.int32), sampling=SamplingParams(),

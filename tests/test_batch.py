@@ -113,7 +113,7 @@ def test_api_gives_plain_decoding_output_whatever_the_slot(make_engine):
     from ngramspec import SpecConfig
     from ngramspec.batch import batch
     from ngramspec.engine.generate import generate
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     engine = make_engine(SpecConfig(types=("ngram-mod", "ngram-simple")), n_seq=2, n_ctx=2048)
     recs = [{"id": i, "prompt": p} for i, p in enumerate(PROMPTS * 2)]
@@ -158,7 +158,7 @@ def test_api_loads_with_the_commands_default_speculation(monkeypatch):
     monkeypatch.setattr(api.EngineRunner, "load", staticmethod(load))
     with pytest.raises(RuntimeError):
         next(api.batch(None, [], parallel=2))
-    command = flag_values.engine_settings(flags.defaults("batch"), n_seq=2)
+    command = flag_values.typed(flags.defaults("batch"), n_seq=2).engine
     assert seen["settings"].spec == command.spec and seen["settings"].n_seq == 2
 
 

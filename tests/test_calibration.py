@@ -31,7 +31,7 @@ def test_no_start_blocks_and_the_cache_is_written_once(threads, tmp_path, monkey
     text: drafts from the start); later starts reuse it and never rewrite it."""
     from ngramspec.speculative.cost import cache_path
     from ngramspec.engine.generate import generate
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     from ngramspec.speculative.policy import CostPolicy
 
@@ -57,7 +57,7 @@ def test_a_slower_machine_is_picked_up_within_a_run(threads):
     import numpy as np
 
     from ngramspec.engine.generate import generate
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     engine = _load(threads)
     real, took = engine.ctx.decode, []
@@ -94,7 +94,7 @@ def test_a_curve_that_never_saw_a_verify_is_not_cached(threads, tmp_path, monkey
     """An open prompt at SAVE_AFTER decodes whose tracker has seen no multi-row verify
     (probes are budgeted, so few): the scaled prior's guess is not written to the cache."""
     from ngramspec.engine.generate import generate
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
     from ngramspec.speculative.cost import cache_path
     from ngramspec.speculative.policy import CostPolicy
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 from together import run_alone
 

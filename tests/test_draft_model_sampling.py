@@ -11,7 +11,7 @@ import pytest
 
 from ngramspec import NgramModParams, SpecConfig
 from ngramspec.engine.generate import generate
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 ROOT = Path(__file__).resolve().parent.parent

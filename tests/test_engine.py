@@ -15,7 +15,8 @@ from ngramspec import SPEC_TYPES, NgramModParams, SpecConfig
 from ngramspec.engine.generate import generate
 from ngramspec.errors import ConfigError
 from ngramspec.llama.model import ContextOverflow
-from ngramspec.engine.sampling import SamplingParams, json_grammar
+from ngramspec.engine.sampling import json_grammar
+from ngramspec.settings.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted((ROOT / "ngramspec" / "bench" / "fixtures" / "prompts").glob("*.txt"))

@@ -9,7 +9,7 @@ import pytest
 
 from ngramspec import SpecConfig
 from ngramspec.engine.generate import generate
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 
 pytestmark = pytest.mark.model
 FIXTURES = Path(__file__).resolve().parents[1] / "ngramspec" / "bench" / "fixtures" / "prompts"

@@ -13,7 +13,7 @@ from ngramspec import NgramModParams, SpecConfig
 from ngramspec.engine.engine import Engine
 from ngramspec.engine.generate import generate
 from ngramspec.llama.context import ContextParams
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.llama.twin import open_context
 from together import run_together
 

@@ -21,7 +21,7 @@ from ngramspec.engine.engine import Engine
 from ngramspec.engine.generate import generate
 from ngramspec.llama.gguf_types import matrix_types
 from ngramspec.llama.context import Context, ContextParams
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.llama.twin import open_context
 from ngramspec.llama.ubatch import invariant_violation, layout, lone_token_invariant, split
 

@@ -12,7 +12,7 @@ from ngramspec.engine.engine import Engine
 from ngramspec.llama.context import Context, ContextParams
 from ngramspec.llama.twin import open_context
 from ngramspec.engine.request import Request
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from together import run_alone
 
 pytestmark = pytest.mark.model

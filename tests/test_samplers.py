@@ -9,8 +9,8 @@ import pytest
 from ngramspec import NgramModParams, SpecConfig
 from ngramspec.errors import ConfigError
 from ngramspec.engine.generate import stream_generate
-from ngramspec.engine.sampler_chain import DEFAULT_ORDER, order_string, parse_order
-from ngramspec.engine.sampling import Sampler, SamplingParams
+from ngramspec.engine.sampling import Sampler
+from ngramspec.settings.sampling import DEFAULT_ORDER, SamplingParams, order_string, parse_order
 from together import run_together
 
 OFF = SpecConfig(types=())
@@ -59,14 +59,14 @@ def test_flags_set_the_samplers():
     kw = flags.defaults("generate")
     kw.update(dry_multiplier=0.5, dry_base=0.5, dry_sequence_breaker=("\n", "none"),
               mirostat=2, mirostat_tau=4.0, sampler_seq="kt", typical_p=0.9)
-    sp = flag_values.sampling_from_values(kw)
+    sp = flag_values.typed(kw).sampling
     assert (sp.dry_multiplier, sp.dry_base, sp.dry_sequence_breakers) == (0.5, 1.75, ("\n",))
     assert (sp.mirostat, sp.mirostat_tau, sp.typical_p) == (2, 4.0, 0.9)
     assert sp.samplers == ("top_k", "temperature")
     kw = flags.defaults("generate")
     kw.update(samplers="top_k;min_p", sampler_seq="kt")
     with pytest.raises(ConfigError, match="only one of --samplers and --sampler-seq"):
-        flag_values.sampling_from_values(kw)
+        flag_values.typed(kw).sampling
 
 
 def _candidates(ctx, row: int, sp: SamplingParams, prompt=()) -> tuple:
@@ -154,12 +154,12 @@ def test_ignore_eos_and_logit_bias_flags():
 
     kw = flags.defaults("generate")
     kw.update(ignore_eos=True, logit_bias=("15043+1", "7-inf", "9 - 2.5"))
-    sp = flag_values.sampling_from_values(kw)
+    sp = flag_values.typed(kw).sampling
     assert sp.ignore_eos and sp.logit_bias == ((15043, 1.0), (7, float("-inf")), (9, -2.5))
     kw = flags.defaults("generate")
     kw.update(logit_bias=("hello+1",))
     with pytest.raises(ConfigError, match="TOKEN"):
-        flag_values.sampling_from_values(kw)
+        flag_values.typed(kw).sampling
 
 
 @pytest.mark.model

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ngramspec.settings.config import SpecConfig
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.jobs.scheduler import Job, Scheduler
 
 pytestmark = pytest.mark.model

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ngramspec.settings.config import SpecConfig
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.server import render
 from ngramspec.jobs.scheduler import Job, Slot
 from ngramspec.server.settings import ServerSettings

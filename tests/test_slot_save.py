@@ -13,7 +13,7 @@ import time
 import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from ngramspec.server.settings import ServerSettings
 from ngramspec.server.slot_actions import valid_filename
 from ngramspec.llama.twin import repack_is_safe

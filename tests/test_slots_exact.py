@@ -16,7 +16,7 @@ from ngramspec.bench.corpus import documents
 from ngramspec.speculative.drafters import EMPTY
 from ngramspec.engine.engine import Engine
 from ngramspec.llama.context import Context, ContextParams
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 from together import run_together
 
 pytestmark = pytest.mark.model

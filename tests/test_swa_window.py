@@ -98,7 +98,7 @@ def test_context_shift_asks_for_a_full_size_cache(make_engine, model):
     the server turns --swa-full on with --context-shift."""
     from ngramspec.settings.config import SpecConfig
     from ngramspec.errors import ConfigError
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     engine = make_engine(SpecConfig(types=()))
     if engine.ctx.swa_span is None:

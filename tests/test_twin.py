@@ -35,9 +35,9 @@ def test_no_repack_flag_reaches_the_load_options():
     from ngramspec.engine import flag_values
 
     kw = flags.defaults("serve")
-    assert flag_values.load_options(dict(kw)).repack is True
+    assert flag_values.typed(dict(kw)).engine.options.repack is True
     kw["repack"] = False
-    assert flag_values.load_options(kw).repack is False
+    assert flag_values.typed(kw).engine.options.repack is False
 
 
 @pytest.mark.model
@@ -107,7 +107,7 @@ def test_the_twin_maps_no_output_layer(twin_model, threads):
     if twin_model is None:
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
     from ngramspec.engine.runtime import EngineSettings, load_engine
-    from ngramspec.engine.sampling import SamplingParams
+    from ngramspec.settings.sampling import SamplingParams
 
     path = str(twin_model.path.resolve())
     before = set(_gguf_maps(path))

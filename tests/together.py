@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ngramspec.engine.request import Request
-from ngramspec.engine.sampling import SamplingParams
+from ngramspec.settings.sampling import SamplingParams
 
 
 def run_together(engine, prompts, samplings, n_predict):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Iterator
 
 from ..settings.config import AUTO, SpecConfig
-from ..engine.sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 from .previous import load_previous, with_previous
 from .records import parse_records
 from .results import BatchResult, in_order

@@ -71,9 +71,8 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
-    defaults = Defaults(flag_values.sampling_from_values(kw), n_predict, kw.pop("cache_prompt"))
-    load = dict(settings=flag_values.engine_settings(kw, n_seq=parallel, verbose=verbose),
-                defaults=defaults)
+    t = flag_values.typed(kw, n_seq=parallel, verbose=verbose)
+    load = dict(settings=t.engine, defaults=Defaults(t.sampling, n_predict, kw.pop("cache_prompt")))
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here
     texts = _previous(previous_paths)

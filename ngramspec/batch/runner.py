@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, Iterator
 
 from ..errors import ConfigError
-from ..engine.sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 from ..jobs.chat import chat_prompt
 from ..jobs.build import JobDefaults, build_job, request_sampling
 from ..jobs.scheduler import Event, Job, Scheduler

@@ -24,7 +24,7 @@ from ..settings.config import SPEC_TYPES, SpecConfig, uses_draft_model
 from ..engine.engine import Engine
 from ..engine.generate import generate
 from ..speculative.oracle import OracleDrafter
-from ..engine.sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 from ..speculative.stats import tokens_per_step
 
 FIXTURE_DIR = Path(__file__).resolve().parent / "fixtures" / "prompts"

@@ -5,6 +5,7 @@ tables are the bench package's."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import click
@@ -145,9 +146,9 @@ def _fixtures(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_o
         t = B.split_mode(mode)[0]  # TYPES[:POLICY]
         parse_spec_types(t)  # each mode is validated on its own
         check_draft_model(t, kw["model_draft"] is not None)
-    spec = flag_values.spec_from_values(kw, kw["model_draft"])
-    settings = flag_values.engine_settings(kw, verbose=bool(ctx.obj.get("verbose")),
-                                     spec=spec.with_types("auto"))
+    t = flag_values.typed(kw, verbose=bool(ctx.obj.get("verbose")))
+    spec = t.spec
+    settings = replace(t.engine, spec=spec.with_types("auto"))
     if reps < 1 or n_predict < 1:
         raise ConfigError("--reps and -n must be >= 1")
     works = _bench_workloads(B, workloads, prompt_files)

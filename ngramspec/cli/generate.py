@@ -46,9 +46,8 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
     if verbose:
         ctx.obj["verbose"] = True
     text = read_prompt(prompt, prompt_file)
-    sampling = flag_values.sampling_from_values(kw)
-    settings = flag_values.engine_settings(kw, verbose=bool(ctx.obj.get("verbose")))
-    spec = settings.spec
+    t = flag_values.typed(kw, verbose=bool(ctx.obj.get("verbose")))
+    sampling, settings, spec = t.sampling, t.engine, t.spec
     with err_console.status("loading model ..."):
         engine = load_engine(settings, notify=lambda line: err_console.print(line))
     _HELD_TILL_EXIT.append(engine)

@@ -58,7 +58,8 @@ from ..llama.model import ContextOverflow, Model
 from ..speculative.policy import DraftPolicy, FixedPolicy
 from ..speculative.pool import HashPool
 from .request import Request
-from .sampling import Sampler, SamplingParams
+from .sampling import Sampler
+from ..settings.sampling import SamplingParams
 from ..speculative.speculation import NO_OPTIONS, Speculation
 from ..speculative.stats import DrafterStats
 

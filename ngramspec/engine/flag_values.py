@@ -1,13 +1,17 @@
-"""A command's flag values turned into the typed objects an engine is built from:
-SpecConfig, SamplingParams, LoadOptions and the one EngineSettings.
+"""A command's flag values turned into the typed objects an engine is built from, by one
+function, `typed`: SpecConfig, SamplingParams and the one EngineSettings (with its
+LoadOptions), as a `Typed`.
 
-Invariant: each builder pops the values it uses, so what is left over is visible.
+Invariant: the values `typed` uses are popped from the command's dict, so what is left
+is the command's own (its prompt, output and report flags); each group is built only
+where the command has its flags (sampling: --temp; model and load: -c).
 """
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..settings import strict_json
@@ -15,9 +19,39 @@ from ..settings.config import SPEC_OPTIONS, SpecConfig, spec_config_from_options
 from ..settings.flag import on_off, gpu_layers, load_mode
 from ..settings.llama_values import kv_type_name
 
+if TYPE_CHECKING:
+    from .runtime import EngineSettings
+    from ..settings.sampling import SamplingParams
 
-def spec_from_values(kw: dict[str, Any], model_draft: str | None = None,
-                     need_draft: bool = True) -> SpecConfig:
+
+@dataclass(frozen=True)
+class Typed:
+    """A command's settings, typed: its speculation, its sampling (None where the command
+    has no sampling flags) and its EngineSettings (None without model flags)."""
+
+    spec: SpecConfig
+    sampling: "SamplingParams | None" = None
+    engine: "EngineSettings | None" = None
+
+
+def typed(values: dict[str, Any], n_seq: int = 1, verbose: bool = False,
+          spec: SpecConfig | None = None, need_draft: bool = True,
+          model_draft: str | None = None) -> Typed:
+    """The one walk from a command's parsed flag values down to its typed settings
+    (popped from `values`): SpecConfig from the speculation flags (or `spec`, one built
+    already: a server's), SamplingParams from the sampling flags, EngineSettings from
+    the model and load flags with that SpecConfig and `n_seq` slots. `need_draft`: a
+    draft-model type without -md (`values`', else `model_draft`) is an error that names
+    the fix."""
+    model_draft = values.get("model_draft", model_draft)
+    if spec is None:
+        spec = _spec(values, model_draft, need_draft)
+    sampling = _sampling(values) if "temp" in values else None
+    engine = _engine(values, n_seq, verbose, spec) if "ctx_size" in values else None
+    return Typed(spec, sampling, engine)
+
+
+def _spec(kw: dict[str, Any], model_draft: str | None, need_draft: bool) -> SpecConfig:
     """Pop the speculation flags out of a command's values into one SpecConfig.
 
     A llama.cpp draft-model type (draft-simple, ...) without -md is an error that
@@ -44,9 +78,10 @@ def _read(path: str, what: str) -> str:
         raise ConfigError(f"cannot read {what} {path}: {e.strerror}") from None
 
 
-def sampling_from_values(kw: dict[str, Any]):
+def _sampling(kw: dict[str, Any]):
     """Pop the sampling flags into SamplingParams (grammar from --grammar/-file, -j/-jf)."""
-    from .sampling import SamplingParams, schema_grammar, seed_or_random
+    from .sampling import schema_grammar
+    from ..settings.sampling import SamplingParams, seed_or_random
 
     grammar, gfile = kw.pop("grammar", None), kw.pop("grammar_file", None)
     schema, sfile = kw.pop("json_schema", None), kw.pop("json_schema_file", None)
@@ -87,9 +122,8 @@ def _token_bias(value: str) -> tuple[int, float]:
 def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
     """Pop llama-server's other sampler flags into SamplingParams fields: DRY's base
     below 1 is the default (as llama.cpp), given breakers replace the default ('none':
-    no breakers); --samplers or --sampler-seq set the order (sampler_chain.parse_order)."""
-    from .sampler_chain import DEFAULT_ORDER, parse_order
-    from .sampling import SamplingParams
+    no breakers); --samplers or --sampler-seq set the order (settings/sampling.parse_order)."""
+    from ..settings.sampling import DEFAULT_ORDER, SamplingParams, parse_order
 
     out = {k: kw.pop(k) for k in _SAMPLER_FIELDS if k in kw}
     out["ignore_eos"] = bool(kw.pop("ignore_eos", False))
@@ -113,7 +147,7 @@ _LOAD = ("batch_size", "ubatch_size", "flash_attn", "kv_unified", "threads_batch
          "cache_type_v")
 
 
-def load_options(kw: dict[str, Any]):
+def _load_options(kw: dict[str, Any]):
     """Pop -b, -ub, -fa, -kvu, -tb, -ngl, -lm/--[no-]mmap/--mlock, --[no-]repack,
     --swa-full, -ctk/-ctv into runtime.LoadOptions."""
     from .runtime import LoadOptions
@@ -128,20 +162,14 @@ def load_options(kw: dict[str, Any]):
                        cache_type_v=kv_type_name(v["cache_type_v"] or "f16"))
 
 
-def engine_settings(kw: dict[str, Any], n_seq: int = 1, verbose: bool = False,
-                    spec: SpecConfig | None = None):
-    """Pop a command's model, load and speculation flags (-m, -md, -c, -t,
-    --draft-p-min, --no-batch-invariance, `load_options`' and `spec_from_values`')
-    into the one runtime.EngineSettings (`spec`: one built already)."""
+def _engine(kw: dict[str, Any], n_seq: int, verbose: bool, spec: SpecConfig):
+    """Pop a command's model and load flags (-m, -md, -c, -t, --draft-p-min,
+    --no-batch-invariance, `_load_options`') into the one runtime.EngineSettings."""
     from .runtime import EngineSettings
 
-    model_draft = kw.pop("model_draft", None)
     return EngineSettings(
-        model=kw.pop("model", None), model_draft=model_draft,
-        n_ctx=kw.pop("ctx_size"), threads=kw.pop("threads", None),
-        spec=spec if spec is not None else spec_from_values(kw, model_draft),
+        model=kw.pop("model", None), model_draft=kw.pop("model_draft", None),
+        n_ctx=kw.pop("ctx_size"), threads=kw.pop("threads", None), spec=spec,
         n_seq=n_seq, draft_p_min=kw.pop("draft_p_min", 0.0) or 0.0,
         batch_invariant=not kw.pop("no_batch_invariance", False),
-        options=load_options(kw), verbose=verbose)
-
-
+        options=_load_options(kw), verbose=verbose)

@@ -21,7 +21,8 @@ from typing import Iterator, Sequence
 from ..settings.config import SpecConfig
 from .engine import Engine, SeqState, StepOutput
 from ..llama.model import Model
-from .sampling import SamplingParams, TokenProbs
+from .sampling import TokenProbs
+from ..settings.sampling import SamplingParams
 from ..speculative.stats import timings, tokens_per_step
 
 

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..settings.config import SpecConfig
-from .sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 
 
 @dataclass(kw_only=True)

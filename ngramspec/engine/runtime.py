@@ -189,7 +189,7 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
 @dataclass(frozen=True)
 class EngineSettings:
     """Everything `load_engine` needs: the one object generate, serve, batch and bench
-    build (`flag_values.engine_settings` from the flag table; the server from its settings,
+    build (`flag_values.typed` from the flag table; the server from its settings,
     which the same table defines) and pass."""
 
     model: str | None = None  # None: the embedded model

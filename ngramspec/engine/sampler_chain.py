@@ -20,65 +20,12 @@ from __future__ import annotations
 
 import ctypes
 
-from ..errors import ConfigError
-
-#: llama.cpp's sampler names (common_sampler_type_to_str) and one-letter forms
-NAMES = {"dry": "d", "top_k": "k", "typ_p": "y", "top_p": "p", "top_n_sigma": "s", "min_p": "m",
-         "temperature": "t", "xtc": "x", "penalties": "e"}
-DEFAULT_ORDER = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
-                 "temperature")
-#: samplers that always keep the most probable token: greedy sampling leaves them out
-KEEP_TOP = frozenset({"top_k", "top_p", "min_p", "top_n_sigma", "temperature"})
-_ALIASES = {"nucleus": "top_p", "temp": "temperature", "typ": "typ_p", "typical_p": "typ_p",
-            "typical": "typ_p"}
-
-
-def parse_order(value) -> tuple[str, ...]:
-    """llama.cpp's sampler order from a list of names (canonical, kebab-case, no-dash or
-    an alias: "top-k", "topk", "nucleus", ...) or a string of one-letter forms
-    ("edkypmxt"); `;`-separated names too (--samplers). Unknown names: ConfigError
-    (llama.cpp skips them with a warning; a request that names a sampler that is not
-    applied is refused here instead)."""
-    chars = {c: n for n, c in NAMES.items()}
-    if isinstance(value, str) and ";" not in value and all(c in chars for c in value):
-        return tuple(chars[c] for c in value)
-    items = value.split(";") if isinstance(value, str) else list(value)
-    lookup = dict(_ALIASES)
-    for n in NAMES:
-        lookup.update({n: n, n.replace("_", "-"): n, n.replace("_", ""): n})
-    out = []
-    for item in items:
-        key = str(item).strip().lower()
-        if key not in lookup:
-            raise ConfigError(f"unknown sampler {item!r} in samplers; valid names: "
-                              f"{', '.join(NAMES)} (or the letters {''.join(NAMES.values())})")
-        out.append(lookup[key])
-    return tuple(out)
-
-
-def order_string(order: tuple[str, ...]) -> str:
-    """The one-letter form of an order (llama-server's `sampler_seq`)."""
-    return "".join(NAMES[n] for n in order)
-
-
-def _active(p, name: str) -> bool:
-    """Whether sampler `name` does something with the settings `p` (a no-op one is left
-    out of the chain). The one rule: the chain and `moves_top` read it."""
-    return {"penalties": p.penalized, "dry": p.dry, "top_n_sigma": p.top_n_sigma > 0,
-            "top_k": p.top_k > 0, "typ_p": p.typical_p < 1, "top_p": True, "min_p": True,
-            "xtc": p.xtc, "temperature": not p.greedy}[name]
-
-
-def moves_top(p) -> bool:
-    """Whether the chain can pick another token than the top one of the biased logits
-    at temperature 0: an active sampler of the order outside KEEP_TOP (with mirostat,
-    temperature 0 leaves the top token alone to it)."""
-    return not p.mirostat and any(_active(p, n) for n in p.samplers if n not in KEEP_TOP)
+from ..settings.sampling import KEEP_TOP, active
 
 
 def _sampler(lc, ctx, p, name: str):
-    """One llama.cpp sampler of the chain, or None where it is not `_active`."""
-    if not _active(p, name):
+    """One llama.cpp sampler of the chain, or None where it is not `active` (settings/sampling.py)."""
+    if not active(p, name):
         return None
     if name == "penalties":
         return lc.llama_sampler_init_penalties(ctx.n_vocab, p.repeat_last_n, p.repeat_penalty,

@@ -1,4 +1,4 @@
-"""Sampling parameters and the per-sequence sampler (llama.cpp's sampler chain).
+"""The per-sequence sampler (llama.cpp's sampler chain) over SamplingParams (settings/sampling.py).
 
 Invariants:
 - Greedy with no grammar and no penalties uses numpy argmax on the logits (the
@@ -24,7 +24,6 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
-import math
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -34,7 +33,8 @@ import numpy as np
 from ..errors import ConfigError, GrammarError
 from ..llama.context import Context
 from ..llama.backend import _llama
-from .sampler_chain import DEFAULT_ORDER, NAMES, add_samplers, moves_top
+from ..settings.sampling import SamplingParams
+from .sampler_chain import add_samplers
 
 
 #: a grammar whose sampling of one token is estimated to cost more than this is refused
@@ -42,133 +42,6 @@ GRAMMAR_MAX_SECONDS = 1.0
 GRAMMAR_PROBE_STRIDE = 128  # the estimate applies the grammar to every 128th token id
 GRAMMAR_DEAD_END = ("the grammar admits no continuation here: no token can follow the text "
                     "generated so far (check the grammar or JSON schema)")
-RANDOM_SEED = 0xFFFFFFFF  # LLAMA_DEFAULT_SEED: every sampler seeds itself
-
-
-def seed_or_random(seed: int) -> int:
-    """A seed as given by a user: llama.cpp's -1 (any negative) means random (RANDOM_SEED)."""
-    return RANDOM_SEED if seed < 0 else seed
-
-
-def _check_samplers(p) -> None:
-    """ConfigError for the first out-of-range setting of llama-server's other samplers
-    (its ranges: server-schema.cpp)."""
-    def number(name: str, v, lo: float = -math.inf, hi: float = math.inf) -> None:
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-                or not lo <= v <= hi:
-            span = f"between {lo:g} and {hi:g}" if math.isfinite(hi) else f">= {lo:g}"
-            raise ConfigError(f"{name} must be a finite number" + ("" if lo == -math.inf else
-                              f" {span}") + f", got {v!r}")
-
-    for name in ("dry_multiplier", "dry_base", "typical_p", "top_n_sigma", "mirostat_tau",
-                 "mirostat_eta", "dynatemp_range", "dynatemp_exponent"):
-        number(name, getattr(p, name))
-    number("xtc_probability", p.xtc_probability, 0.0, 1.0)
-    number("xtc_threshold", p.xtc_threshold, 0.0, 1.0)
-    for name, lo in (("dry_allowed_length", 0), ("dry_penalty_last_n", -1), ("min_keep", 0)):
-        v = getattr(p, name)
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
-            raise ConfigError(f"{name} must be an integer >= {lo}, got {v!r}")
-    if p.mirostat not in (0, 1, 2):
-        raise ConfigError(f"mirostat must be 0, 1 or 2, got {p.mirostat!r}")
-    if not all(isinstance(b, str) and b for b in p.dry_sequence_breakers):
-        raise ConfigError("dry_sequence_breakers must be a list of non-empty strings")
-    unknown = [n for n in p.samplers if n not in NAMES]
-    if unknown:
-        raise ConfigError(f"unknown sampler {unknown[0]!r}; valid names: {', '.join(NAMES)}")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # <= 0: greedy
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-    repeat_penalty: float = 1.0
-    repeat_last_n: int = 64
-    frequency_penalty: float = 0.0  # OpenAI's: minus this times the token's count so far
-    presence_penalty: float = 0.0  # OpenAI's: minus this once a token has occurred
-    seed: int = RANDOM_SEED
-    grammar: str | None = None  # GBNF
-    logit_bias: tuple[tuple[int, float], ...] = ()  # (token, bias); -inf bans the token
-    n_probs: int = 0  # > 0: report the top n_probs probabilities of every sampled token
-    post_sampling_probs: bool = False  # probabilities after the chain, not of the raw logits
-    ignore_eos: bool = False  # every end-of-generation token gets a -inf bias
-    # llama-server's other samplers (common/common.h defaults; sampler_chain.py applies them)
-    dry_multiplier: float = 0.0  # DRY: 0 off
-    dry_base: float = 1.75
-    dry_allowed_length: int = 2
-    dry_penalty_last_n: int = 64  # tokens DRY scans (0: off; -1: the context)
-    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
-    xtc_probability: float = 0.0  # XTC: 0 off
-    xtc_threshold: float = 0.1  # > 0.5: off
-    typical_p: float = 1.0  # 1: off
-    top_n_sigma: float = -1.0  # <= 0: off
-    mirostat: int = 0  # 0 off, 1 Mirostat, 2 Mirostat 2.0 (replace the samplers but temperature)
-    mirostat_tau: float = 5.0
-    mirostat_eta: float = 0.1
-    dynatemp_range: float = 0.0  # temperature in [temp - range, temp + range] by entropy
-    dynatemp_exponent: float = 1.0
-    min_keep: int = 0
-    samplers: tuple[str, ...] = DEFAULT_ORDER  # llama.cpp's order (sampler_chain.NAMES)
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature):
-            raise ConfigError(f"temperature (--temp) must be a finite number, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ConfigError(f"top_k (--top-k) must be an integer >= 0, got {self.top_k!r}")
-        for name, v in (("top_p (--top-p)", self.top_p), ("min_p (--min-p)", self.min_p)):
-            if not isinstance(v, (int, float)) or not 0.0 <= v <= 1.0:
-                raise ConfigError(f"{name} must be between 0 and 1, got {v!r}")
-        if (not isinstance(self.repeat_penalty, (int, float)) or self.repeat_penalty <= 0
-                or not math.isfinite(self.repeat_penalty)):
-            raise ConfigError(f"repeat_penalty (--repeat-penalty) must be a finite number > 0, got "
-                              f"{self.repeat_penalty!r}")
-        for name, v in (("frequency_penalty (--frequency-penalty)", self.frequency_penalty),
-                        ("presence_penalty (--presence-penalty)", self.presence_penalty)):
-            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
-                raise ConfigError(f"{name} must be between -2 and 2, got {v!r}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise ConfigError(f"seed (--seed) must be a non-negative integer, got {self.seed!r}")
-        if not isinstance(self.n_probs, int) or self.n_probs < 0:
-            raise ConfigError(f"n_probs must be an integer >= 0, got {self.n_probs!r}")
-        _check_samplers(self)
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0
-
-    @property
-    def penalized(self) -> bool:
-        """Whether the chain holds llama.cpp's penalties sampler (repeat, frequency,
-        presence: one sampler, over the last repeat_last_n emitted tokens)."""
-        return (self.repeat_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
-
-    @property
-    def dry(self) -> bool:
-        return (self.dry_multiplier > 0 and self.dry_base >= 1.0 and self.dry_penalty_last_n != 0
-                and "dry" in self.samplers and not self.mirostat)
-
-    @property
-    def xtc(self) -> bool:
-        return (self.xtc_probability > 0 and self.xtc_threshold <= 0.5 and "xtc" in self.samplers
-                and not self.mirostat)
-
-    @property
-    def plain_argmax(self) -> bool:
-        """Whether greedy sampling is the argmax of the raw logits: no biases, no grammar
-        and no sampler that can move the top token (sampler_chain.moves_top)."""
-        return (self.greedy and self.grammar is None and not self.logit_bias
-                and not self.ignore_eos and not moves_top(self))
-
-    def biases(self, model) -> list[tuple[int, float]]:
-        """The chain's logit biases: the request's, then -inf for EOG tokens with ignore_eos
-        (llama.cpp's order)."""
-        eog = [(t, float("-inf")) for t in model.eog_tokens()] if self.ignore_eos else []
-        return [*self.logit_bias, *eog]
-
-
 @dataclass(frozen=True)
 class TokenProbs:
     """Probabilities of one sampled token: its own and the top ones (best first)."""

@@ -23,7 +23,8 @@ from .prediction import prediction_tokens
 from .samplers import other_samplers
 from .scheduler import Job
 from ..engine.engine import output_budget
-from ..engine.sampling import SamplingParams, json_grammar, schema_grammar, seed_or_random
+from ..engine.sampling import json_grammar, schema_grammar
+from ..settings.sampling import SamplingParams, seed_or_random
 from ..errors import ConfigError
 from ..llama.model import ContextOverflow
 from ..settings.config import SpecConfig

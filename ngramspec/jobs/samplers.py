@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..engine.sampler_chain import parse_order
+from ..settings.sampling import parse_order
 from .types import OtherSamplers
 
 #: the numeric fields of OtherSamplers (each a SamplingParams field of the same name,

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from ..settings.config import SpecConfig, check_draft_model
+from ..settings.sampling import bounds
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on `top_logprobs`
 #: more candidates per token than this is refused (llama-server clamps to the vocabulary;
@@ -60,25 +61,25 @@ Prompt = Union[StrictStr, PromptObject,
 
 
 class OtherSamplers(BaseModel):
-    """llama-server's other samplers, as request fields (None: the default; ranges as
-    llama-server's): every generation endpoint and every batch record take them
-    (`jobs/samplers.other_samplers` reads them)."""
+    """llama-server's other samplers, as request fields (None: the default; the ranges
+    are SamplingParams' own, `settings/sampling.RANGES`): every generation endpoint and
+    every batch record take them (`jobs/samplers.other_samplers` reads them)."""
 
     dry_multiplier: float | None = None
     dry_base: float | None = None  # below 1.0: the default
-    dry_allowed_length: Int32 | None = Field(None, ge=0)
-    dry_penalty_last_n: Int32 | None = Field(None, ge=-1)  # -1: the slot's context
+    dry_allowed_length: Int32 | None = Field(None, **bounds("dry_allowed_length"))
+    dry_penalty_last_n: Int32 | None = Field(None, **bounds("dry_penalty_last_n"))  # -1: all
     dry_sequence_breakers: list[StrictStr] | None = Field(None, min_length=1)
-    xtc_probability: float | None = Field(None, ge=0.0, le=1.0)
-    xtc_threshold: float | None = Field(None, ge=0.0, le=1.0)
+    xtc_probability: float | None = Field(None, **bounds("xtc_probability"))
+    xtc_threshold: float | None = Field(None, **bounds("xtc_threshold"))
     typical_p: float | None = None
     top_n_sigma: float | None = None
-    mirostat: Int32 | None = Field(None, ge=0, le=2)
+    mirostat: Int32 | None = Field(None, **bounds("mirostat"))
     mirostat_tau: float | None = None
     mirostat_eta: float | None = None
     dynatemp_range: float | None = None
     dynatemp_exponent: float | None = None
-    min_keep: Int32 | None = Field(None, ge=0)
+    min_keep: Int32 | None = Field(None, **bounds("min_keep"))
     samplers: list[StrictStr] | StrictStr | None = None  # names, or a string of letters
 
 
@@ -87,14 +88,14 @@ class _Generation(OtherSamplers):
 
     model_config = ConfigDict(extra="ignore")
     temperature: float | None = None
-    top_k: Int32 | None = Field(None, ge=0)
+    top_k: Int32 | None = Field(None, **bounds("top_k"))
     top_p: float | None = None
     min_p: float | None = None
     repeat_penalty: float | None = None
-    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repeat_last_n: Int32 | None = Field(None, ge=-1)
-    penalty_last_n: Int32 | None = Field(None, ge=-1)  # llama.cpp's name of repeat_last_n
+    frequency_penalty: float | None = Field(None, **bounds("frequency_penalty"))
+    presence_penalty: float | None = Field(None, **bounds("presence_penalty"))
+    repeat_last_n: Int32 | None = Field(None, **bounds("repeat_last_n"))
+    penalty_last_n: Int32 | None = Field(None, **bounds("repeat_last_n"))  # llama.cpp's name
     seed: StrictInt | None = Field(None, ge=-1, le=0xFFFFFFFF)  # uint32; -1: random
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False

@@ -34,9 +34,9 @@ two), and requires bit-identical logits on every row, as the CPU kernels' self-t
 do; `runtime` turns this mode on only if it passes.
 
 Invariants: a slot's cells hold positions 0..n-1 in cells 0..n-1 until a shift (then the
-sentinel holds the last cell); `decode` returns global row indices valid until the next decode (`logits_at`,
-`argmax_at`, `logits_source`); at most `n_ctx_seq` positions a slot (its cache less the
-padding rows and the sentinel).
+sentinel holds the last cell); `decode` returns global row indices valid until the next
+decode (`logits_at`, `argmax_at`, `logits_source`); at most `n_ctx_seq` positions a slot
+(its cache less the padding rows).
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from .slot_actions import context_shift
 from ..settings import strict_json
 from ..errors import ConfigError
 from ..llama.model import ContextOverflow
-from ..engine.sampling import RANDOM_SEED, SamplingParams
+from ..settings.sampling import RANDOM_SEED, SamplingParams
 from ..jobs.chat import chat_prompt, continues_final
 from .errors import APIError
 from ..jobs.build import JobDefaults, build_job, request_sampling

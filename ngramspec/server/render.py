@@ -15,7 +15,7 @@ from typing import Any
 from ..settings.config import SpecConfig
 from ..engine.generate import GenerationResponse
 from ..jobs.samplers import NUMBER_FIELDS
-from ..engine.sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 from ..speculative.stats import timings
 from .prepare import SPEC_HEADER
 

@@ -26,11 +26,11 @@ from ..settings import flags
 from ..engine import flag_values
 from ..settings.config import SpecConfig
 from ..errors import ConfigError
-from ..engine.sampling import SamplingParams
+from ..settings.sampling import SamplingParams
 
 
 def _default_sampling() -> SamplingParams:
-    return flag_values.sampling_from_values(flags.defaults("serve", ("sampling",)))
+    return flag_values.typed(flags.defaults("serve", ("sampling",))).sampling
 
 
 @dataclass(frozen=True)
@@ -150,17 +150,17 @@ def _api_keys(keys: tuple[str, ...] | str | None, path: str | None) -> tuple[str
 
 
 def from_flags(values: dict[str, Any]) -> "ServerSettings":
-    """ServerSettings from `ngramspec serve`'s parsed flags (popped from `values`)."""
-    model_draft = values.get("model_draft")
-    sampling = flag_values.sampling_from_values(values)
-    spec = flag_values.spec_from_values(values, model_draft)
-    return ServerSettings(**flags.settings_values(values), spec=spec, sampling=sampling)
+    """ServerSettings from `ngramspec serve`'s parsed flags: the model, request and server
+    flags are its fields; `flag_values.typed` builds the SpecConfig and SamplingParams of
+    the rest."""
+    fields = flags.settings_values(values)
+    t = flag_values.typed(values, model_draft=fields.get("model_draft"))
+    return ServerSettings(**fields, spec=t.spec, sampling=t.sampling)
 
 
 def engine_settings(s: "ServerSettings"):
     """The runtime.EngineSettings of `s`: its model and load flags' values through
-    `flag_values.engine_settings` (the same table as every command), its SpecConfig and
-    -np slots."""
+    `flag_values.typed` (the same table as every command), its SpecConfig and -np slots."""
     values = {f.dest: getattr(s, f.settings_field) for f in flags.for_command("serve", ("model",))}
     values["swa_full"] = values["swa_full"] or s.context_shift  # a window-size cache cannot shift
-    return flag_values.engine_settings(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec)
+    return flag_values.typed(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec).engine
