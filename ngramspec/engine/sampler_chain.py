@@ -24,7 +24,8 @@ from ..settings.sampling import KEEP_TOP, active
 
 
 def _sampler(lc, ctx, p, name: str):
-    """One llama.cpp sampler of the chain, or None where it is not `active` (settings/sampling.py)."""
+    """One llama.cpp sampler of the chain, or None where it is not `active`
+    (settings/sampling.py)."""
     if not active(p, name):
         return None
     if name == "penalties":

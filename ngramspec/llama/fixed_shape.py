@@ -155,11 +155,13 @@ class _SlotContext:
 
     def _views(self) -> None:
         """numpy views of the batch's arrays (a step writes slices, no Python per row);
-        the rows' sequence ids point into one array of ours (restored before free)."""
+        the rows' sequence ids point into one array of ours (restored before free).
+        Every row has logits, except during `_run`."""
         b, rows = self.batch, self.rows
         self._tok = np.ctypeslib.as_array(b.token, (rows,))
         self._pos = np.ctypeslib.as_array(b.pos, (rows,))
         self._logits = np.ctypeslib.as_array(b.logits, (rows,))
+        self._logits[:] = 1
         np.ctypeslib.as_array(b.n_seq_id, (rows,))[:] = 1
         self._seq = np.zeros(rows, np.int32)
         self._seq_ptrs = [C.cast(b.seq_id[i], C.c_void_p).value for i in range(rows)]
@@ -173,6 +175,7 @@ class _SlotContext:
         for i, (tok, pos, seq, logits) in enumerate(rows):
             self._tok[i], self._pos[i], self._seq[i], self._logits[i] = tok, pos, seq, logits
         self._decode(len(rows))
+        self._logits[:] = 1  # `step`'s rows all have logits
 
     def _decode(self, n: int) -> None:
         self.batch.n_tokens = n
@@ -193,7 +196,6 @@ class _SlotContext:
         self._pos[n:] = self._ramp[:rows - n]
         self._seq[:n] = 0
         self._seq[n:] = PAD_SEQ
-        self._logits[:] = 1
         self._decode(rows)
         if n < rows:
             self.lc.llama_memory_seq_rm(self.memory, PAD_SEQ, -1, -1)
