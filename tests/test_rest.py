@@ -78,29 +78,57 @@ def test_the_policies_count_rested_steps():
     from ngramspec.speculative.cost import DecodeCost
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy
 
-    assert FixedPolicy().n_rested == 0
+    assert FixedPolicy().n_rested == 0 and FixedPolicy().rest_of(0) is None
     pol = CostPolicy(DecodeCost.linear(PLAIN, 0.0005), compare_all=True)
     for _ in range(100):
-        pol.rest.spent(0.0004)
-        pol.rest.decode(PLAIN, PLAIN, 1, False)
-    assert pol.n_rested == pol.rest.n_rested > 50
+        pol.rests.spent(0, 0.0004)
+        pol.rests.decode([0, 1], [0, 0], 0.0, PLAIN)
+    assert pol.n_rested == pol.rest_of(0).n_rested + pol.rest_of(1).n_rested
+    assert pol.rest_of(0).n_rested > 50 and pol.rest_of(1).n_rested == 0  # 1 spent nothing
+
+
+def test_a_decode_is_shared_out_between_its_sequences():
+    """Each sequence's Rest gets the plain decode's share; the verify's extra seconds go
+    to the sequences that drafted, by draft length; a step's shared host time to those
+    that worked in it."""
+    from ngramspec.speculative.rest import Rests
+
+    rests = Rests()
+    rests.spent(0, 0.0001)
+    rests.spent(None, 0.0004)
+    rests.decode([0, 1, 2], [3, 0, 1], 0.003, 0.007)
+    r0, r1, r2 = (rests.of(i) for i in range(3))
+    assert abs(r0.host - 0.0005) < 1e-12 and r1.host == r2.host == 0.0
+    assert r0._open == (0.001, 0.001 + 0.004 * 3 / 4, 1) and r1._open is None
+    assert r2._open == (0.001, 0.002, 1)
+    assert abs(r1.decode_s - 0.001) < 1e-12
+
+
+class _Resting(Rest):
+    """A Rest that always rests (its `active` is False whatever it measures)."""
+
+    active = property(lambda self: False, lambda self, value: None)
 
 
 def test_an_idle_policy_asks_only_a_prediction_for_proposals(auto_engine, monkeypatch):
-    """While the policy rests (`idle`) and no chain's watch fires, a step asks no sequence
-    for proposals (spec-off's host path) but one with a prediction of its own; the output
-    is spec-off's."""
+    """While the policy rests a sequence (`rest_of`) and no chain's watch fires, a step
+    asks no sequence for proposals (spec-off's host path) but one with a prediction of its
+    own; the output is spec-off's."""
     import numpy as np
 
     from ngramspec.speculative.drafters.chain import DrafterChain
     from ngramspec.speculative.policy import CostPolicy
+    from ngramspec.speculative.speculation import Speculation
     from test_own_budget import _run
 
     eng = auto_engine
     prompt = eng.model.tokenize("one two three four five six seven eight " * 4)
     plain, _ = _run(eng, prompt, 48, speculative=False)
-    monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
+    resting = _Resting()
+    monkeypatch.setattr(CostPolicy, "rest_of", lambda self, seq_id: resting)
     monkeypatch.setattr(DrafterChain, "watch", lambda *a: False)
+    monkeypatch.setattr(Speculation, "copying", property(lambda self: False,  # no copy followed
+                                                         lambda self, value: None), raising=False)
     asked = []
     real = CostPolicy.options
     monkeypatch.setattr(CostPolicy, "options",
@@ -112,10 +140,11 @@ def test_an_idle_policy_asks_only_a_prediction_for_proposals(auto_engine, monkey
 
 
 def test_a_resting_policy_watches_for_a_copy(auto_engine, monkeypatch):
-    """While the policy rests, each step still asks the chain's watcher (auto: the drafter
-    keyed on the most tokens, ngram-mod-n16) for one lookup; where it matches, that
-    sequence proposes and the step counts as an active one (`Rest.wake`). A chain without
-    a drafter whose draft leaves no state (map-k only) does not watch. Output: spec-off's."""
+    """While the policy rests a sequence, each step still asks the chain's watcher (auto:
+    the drafter keyed on the most tokens, ngram-mod-n16) for one lookup; where it matches,
+    that sequence proposes and the step counts as an active one (`Rest.wake`), and it goes
+    on proposing while it follows the copy (`Speculation.copying`). A chain without a
+    drafter whose draft leaves no state (map-k only) does not watch. Output: spec-off's."""
     from ngramspec.settings.config import AUTO, SpecConfig
     from ngramspec.speculative.drafters.chain import DrafterChain, watcher
     from ngramspec.speculative.policy import CostPolicy
@@ -127,7 +156,8 @@ def test_a_resting_policy_watches_for_a_copy(auto_engine, monkeypatch):
     eng = auto_engine
     prompt = eng.model.tokenize("one two three four five six seven eight " * 8)
     plain, _ = _run(eng, prompt, 48, speculative=False)
-    monkeypatch.setattr(CostPolicy, "idle", property(lambda self: True))
+    resting = _Resting()
+    monkeypatch.setattr(CostPolicy, "rest_of", lambda self, seq_id: resting)
     woken = []
     real = Rest.wake
     monkeypatch.setattr(Rest, "wake", lambda r: woken.append(1) or real(r))

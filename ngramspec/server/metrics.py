@@ -44,8 +44,9 @@ def render(sched, engine) -> str:
          t.n_gen_tokens),
         ("spec_decode_num_accepted_tokens_total",
          "Speculative: total draft tokens accepted by the target model", t.n_acc_tokens),
-        ("spec_rested_steps_total", "Generation steps in which the draft policy proposed "
-         "nothing: proposing had not paid for its host time lately", engine.policy.n_rested),
+        ("spec_rested_steps_total", "Sequence steps (a slot in a generation step) in which "
+         "the draft policy proposed nothing: proposing had not paid for that slot's host time "
+         "lately", engine.policy.n_rested),
     ]
     pool = engine.pool
     gauges = [

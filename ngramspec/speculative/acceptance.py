@@ -13,6 +13,8 @@ import numpy as np
 
 from .cost import MAX_DRAFT
 
+_PRODUCTS, _SUMS = np.multiply.accumulate, np.add.accumulate
+
 
 class AcceptanceStats:
     """Decayed per-position acceptance counts of one drafter (optionally per sequence).
@@ -38,6 +40,7 @@ class AcceptanceStats:
         self._w = 1.0  # the weight the next update adds, relative to the raw counts
         self._off = np.zeros(MAX_DRAFT) if offered is None else np.array(offered, dtype=float)
         self._acc = np.zeros(MAX_DRAFT) if accepted is None else np.array(accepted, dtype=float)
+        self._off_sum, self._acc_sum = float(self._off.sum()), float(self._acc.sum())
         self.n_updates = 0
         self._expected: np.ndarray | None = None
 
@@ -58,11 +61,20 @@ class AcceptanceStats:
         if self._w > 1e100:  # fold the scale back into the counts
             self._off /= self._w
             self._acc /= self._w
+            self._off_sum, self._acc_sum = self._off_sum / self._w, self._acc_sum / self._w
             self._w = 1.0
         seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
         self._off[:seen] += self._w
         self._acc[:n_accepted] += self._w
+        self._off_sum += seen * self._w  # the counts' sums, kept as they grow (`p`)
+        self._acc_sum += n_accepted * self._w
         self.n_updates += 1
+
+    def _pooled(self) -> float:
+        """The drafter's pooled acceptance rate over all positions (Beta prior)."""
+        w = self._w
+        return (self._acc_sum / w + self.prior_accept) / (
+            self._off_sum / w + self.prior_accept + self.prior_reject)
 
     def p(self) -> np.ndarray:
         """Conditional acceptance probability per position (posterior mean).
@@ -72,12 +84,9 @@ class AcceptanceStats:
         inherit what the drafter shows elsewhere: a drafter that is always right
         gets tried at lengths it has not reached before.
         """
-        w, off, acc = self._w, self._off, self._acc  # the raw counts: w times the decayed
-        pooled = (acc.sum() / w + self.prior_accept) / (
-            off.sum() / w + self.prior_accept + self.prior_reject)
-        sw = self.shrink * w
-        out = acc + sw * pooled
-        out /= off + sw
+        sw = self.shrink * self._w  # the raw counts are w times the decayed ones
+        out = self._acc + sw * self._pooled()
+        out /= self._off + sw
         return out
 
     def expected_tokens(self) -> np.ndarray:
@@ -85,10 +94,9 @@ class AcceptanceStats:
         update: a step reads it for every proposal; callers must not write into it)."""
         if self._expected is None:
             e = np.empty(MAX_DRAFT + 1)
-            e[0] = 0.0
-            np.cumprod(self.p(), out=e[1:])
-            np.cumsum(e, out=e)
-            e += 1.0
+            e[0] = 1.0
+            _PRODUCTS(self.p(), out=e[1:])  # the ufuncs' own accumulate: np.cumprod and
+            _SUMS(e, out=e)  # np.cumsum add ~2 us of wrapping each
             self._expected = e
         return self._expected
 

@@ -10,11 +10,10 @@ batch-invariant padding and every logit row. Drafts are worth it when they raise
 the batch's tokens per second, not one sequence's: a draft that makes llama.cpp
 split the decode into another ubatch pays for that ubatch.
 
-Search: coordinate ascent from "no drafts". Each sequence in turn tries the
-lengths of a geometric grid, its longest draft and the other sequences' current
-lengths (equal lengths share ubatches), keeping any change that raises the
-objective, until a round changes nothing (with one sequence drafting, every length
-is tried). A decode of one sequence is solved in closed form instead: every length
+Search: coordinate ascent from "no drafts". Each sequence in turn tries no draft,
+its longest draft, the length that pays best for it alone and the other sequences'
+current lengths (equal lengths share ubatches), keeping any change that raises the
+objective, until a round changes nothing; each plan is priced once. A decode of one sequence is solved in closed form instead: every length
 priced at once from the model's per-length table, after a bound that says "no draft"
 without pricing anything (`_alone`); that is exactly `acceptance.best_length`
 (llama.cpp's single-slot case with cost).
@@ -32,7 +31,6 @@ import numpy as np
 from .cost import DecodeCost, Shape
 from .speculation import DraftOptions
 
-GRID = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 MAX_ROUNDS = 4
 
 
@@ -76,6 +74,15 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
     return k if rate[k] * trust > rate[0] * (1 + 1e-9) else 0
 
 
+def _best_alone(e: np.ndarray, cost: DecodeCost, n_kv: int, cap: int) -> int:
+    """The length K <= cap with the best rate E[tokens | K] / t(1 + K) for the sequence
+    alone (`DecodeCost.alone`'s table): where its own drafts pay most."""
+    sec, tok, _ = cost.alone()
+    k_top = min(cap, len(e) - 1)
+    kv = cost.per_kv * n_kv / 1000.0
+    return int(np.argmax(e[:k_top + 1] / (sec[:k_top + 1] + kv * tok[:k_top + 1])))
+
+
 def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
             trust: float) -> list[int]:
     """Coordinate ascent (module docstring) over the sequences that pass the bound: a
@@ -83,38 +90,49 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
     only raises) only if (E_i[1] - 1) > r0 * slope, since E_i[K] - 1 <= K * (E_i[1] - 1)
     and K more tokens add at least K * slope seconds (slope: `DecodeCost.alone`'s least
     per-token cost, the marginal row of a batch priced as one sequence's); the others
-    keep K = 0 without being priced."""
+    keep K = 0 without being priced. A sequence tries 0, its cap, its best length alone
+    (`_best_alone`) and the others' current lengths (equal lengths share ubatches); a
+    decode of one sequence tries every length. Each plan is priced once per call."""
     ks = [0] * len(options)
     if not any(caps):
         return ks
-    cur = [(s.seq_id, s.n_tokens, s.n_logits) for s in base]  # the entries at ks
     kvs = [s.n_kv for s in base]
+    priced: dict[tuple, float] = {}
+
+    def price() -> float:
+        key = tuple(ks)
+        t = priced.get(key)
+        if t is None:
+            t = priced[key] = cost.price(tuple((b.seq_id, b.n_tokens + k, b.n_logits + k)
+                                               for b, k in zip(base, ks)), kvs)
+        return t
+
     gain = [float(o.expected[0]) if o.expected is not None else 1.0 for o in options]
     total = sum(gain)
-    best = plain = total / cost.price(tuple(cur), kvs)
+    best = plain = total / price()
     slope = cost.alone()[2]
     active = [i for i, c in enumerate(caps)
               if c > 0 and options[i].expected[1] - options[i].expected[0] > plain * slope]
+    own = {i: {0, caps[i], _best_alone(options[i].expected, cost, base[i].n_kv, caps[i])}
+           for i in active} if len(options) > 1 else {}
     for _ in range(MAX_ROUNDS if active else 0):
         changed = False
         for i in active:
-            e, b = options[i].expected, base[i]
-            sid, n0, l0 = b.seq_id, b.n_tokens, b.n_logits
-            room = budget - (sum(ks) - ks[i])
-            cands = (range(min(caps[i], room) + 1) if len(active) == 1
-                     else {0, caps[i], *GRID, *(ks[j] for j in active)})
-            pick = ks[i]
+            e, was = options[i].expected, ks[i]
+            room = budget - (sum(ks) - was)
+            cands = own[i] | {ks[j] for j in active} if own else range(min(caps[i], room) + 1)
+            pick = was
             for k in cands:
-                if k == ks[i] or k > caps[i] or k > room or k < 0:
+                if k == was or k > caps[i] or k > room:
                     continue
-                cur[i] = (sid, n0 + k, l0 + k)
-                r = (total - gain[i] + e[k]) / cost.price(tuple(cur), kvs)
+                ks[i] = k
+                r = (total - gain[i] + e[k]) / price()
                 if r > best * (1 + 1e-9):
                     best, pick = r, k
-            cur[i] = (sid, n0 + pick, l0 + pick)
-            if pick != ks[i]:
+            ks[i] = pick
+            if pick != was:
                 total += e[pick] - gain[i]
-                gain[i], ks[i] = float(e[pick]), pick
+                gain[i] = float(e[pick])
                 changed = True
         if not changed:
             break

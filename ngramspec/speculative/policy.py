@@ -34,7 +34,7 @@ from .acceptance import AcceptanceStats
 from .cost import MAX_DRAFT, DecodeCost, Shape
 from .draft_trust import DraftTrust
 from .probe import Probe
-from .rest import Rest
+from .rest import Rest, Rests
 from .tracker import CostTracker
 from .speculation import NO_OPTIONS, DraftOptions, Speculation
 
@@ -46,13 +46,11 @@ class DraftPolicy(Protocol):
 
     name: str
     cost: DecodeCost | None
-    n_rested: int  # steps that proposed nothing because proposing did not pay (rest.py)
-    idle: bool  # it rests: only a sequence's own drafters propose (Speculation.proposes)
-    watching: bool  # while idle, a sequence's chain may watch for a copy (rest.py)
+    n_rested: int  # sequence steps that proposed nothing because it did not pay (rest.py)
 
-    def wake(self) -> None:
-        """A sequence proposes during an idle step (its chain's watch fired): the step
-        counts as an active one."""
+    def rest_of(self, seq_id: int) -> Rest | None:
+        """Whether sequence seq_id proposes (rest.py), or None: it always does
+        (Speculation.proposes)."""
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions: ...
@@ -79,11 +77,9 @@ class FixedPolicy:
     name = "fixed"
     cost = None
     n_rested = 0  # llama.cpp's policy always proposes
-    idle = False
-    watching = False
 
-    def wake(self) -> None:
-        pass
+    def rest_of(self, seq_id: int) -> Rest | None:
+        return None
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int,
                 room: int) -> DraftOptions:
@@ -128,14 +124,17 @@ def _state_key(sp: Speculation, drafter) -> tuple[str, object]:
 
 
 def _timed(method: Callable) -> Callable:
-    """A CostPolicy method whose wall time is the policy's own host time (`Rest.spent`)."""
+    """A CostPolicy method whose wall time is the policy's own host time (`Rests.spent`):
+    a sequence's when its first argument is that sequence's Speculation, else the step's."""
     @functools.wraps(method)
     def timed(self, *args, **kwargs):
         t0 = time.perf_counter()
         try:
             return method(self, *args, **kwargs)
         finally:
-            self.rest.spent(time.perf_counter() - t0)
+            sp = args[0] if args else None
+            self.rests.spent(sp.seq_id if isinstance(sp, Speculation) else None,
+                             time.perf_counter() - t0)
     return timed
 
 
@@ -168,24 +167,14 @@ class CostPolicy:
         self.global_stats: dict[tuple[str, object], AcceptanceStats] = {}  # (drafter, state)
         self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
         self.probe = Probe()  # short drafts while the curve has seen no verify (probe.py)
-        self.rest = Rest()  # whether proposing pays for its host time (rest.py)
+        self.rests = Rests()  # per sequence: whether proposing pays for its host time
 
     @property
     def n_rested(self) -> int:
-        return self.rest.n_rested
+        return self.rests.n_rested
 
-    @property
-    def idle(self) -> bool:
-        """Whether the policy rests this step: only a sequence's own drafters (a request's
-        prediction) propose (`Speculation.proposes`)."""
-        return not self.rest.active
-
-    @property
-    def watching(self) -> bool:
-        return self.rest.watching
-
-    def wake(self) -> None:
-        self.rest.wake()
+    def rest_of(self, seq_id: int) -> Rest:
+        return self.rests.of(seq_id)
 
     @_timed
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
@@ -268,7 +257,7 @@ class CostPolicy:
             return
         if sp.committed is not None:
             self.probe.accepted(sp.seq_id, n_accepted)
-            self.rest.accepted(n_accepted, sp.committed[1])
+            self.rests.of(sp.seq_id).accepted(n_accepted, sp.committed[1])
             e = sp.options.expected
             if e is not None:
                 self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
@@ -302,7 +291,8 @@ class CostPolicy:
         predicted = self.cost.price(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
                                     kvs) if drafted else 0.0
         plain = self.cost.price(tuple((s.seq_id, 1, 1) for s in shapes), kvs) if verified else 0.0
-        self.rest.decode(plain, seconds, len(shapes), verified)
+        self.rests.decode([s.seq_id for s in shapes], [s.n_tokens - 1 for s in shapes], plain,
+                          seconds)
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)
         self.realized.decode(len(shapes), predicted, seconds, drafted)

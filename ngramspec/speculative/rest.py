@@ -1,4 +1,4 @@
-"""Whether the next step proposes drafts at all (`Rest`).
+"""Whether a sequence's next step proposes drafts at all (`Rest`, one per sequence: `Rests`).
 
 Proposing costs host time on every step (the drafters, the planner, the scoring), and it
 pays back only through drafted decodes that save decode time. Where a decode is fast and
@@ -23,6 +23,14 @@ sequence proposes and the step is measured as an active one (`wake`), so a draft
 accepted whole there starts a trial as well; not during the wait after a failed trial
 (`watching`), where it would only start the trial that failed.
 
+Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
+copies its input keeps drafting while the others rest, and a resting sequence that follows
+a copy (its last draft accepted whole) goes on proposing (Speculation.proposes). A decode's
+time is shared out: each sequence's plain share is the plain decode's seconds over its
+sequences, and the verify's extra seconds go to the sequences that drafted, by draft
+length; the host time of a step's shared work (the plan, the decode's bookkeeping) goes to
+the sequences that worked in it.
+
 Invariants: resting only decides whether a step proposes; emitted tokens never depend on
 it. A run starts active. The sums decay per step (half-life HALF_LIFE steps), so what an
 old phase of the run showed (a novel opening) fades within a few dozen steps.
@@ -30,6 +38,7 @@ old phase of the run showed (a novel opening) fades within a few dozen steps.
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 
 class Rest:
@@ -129,3 +138,49 @@ class Rest:
         self.active = self._since >= self.period()
         if self.active:
             self._since = 0
+
+
+class Rests:
+    """One Rest per sequence id, fed by the cost policy: host seconds per sequence or
+    shared, each generation decode shared out (module docstring)."""
+
+    def __init__(self) -> None:
+        self._by: dict[int, Rest] = {}
+        self._shared = 0.0  # host seconds of work shared by a step's sequences
+
+    def of(self, seq_id: int) -> Rest:
+        r = self._by.get(seq_id)
+        if r is None:
+            r = self._by[seq_id] = Rest()
+        return r
+
+    @property
+    def n_rested(self) -> int:
+        """Sequence steps that proposed nothing because proposing did not pay."""
+        return sum(r.n_rested for r in self._by.values())
+
+    def spent(self, seq_id: int | None, seconds: float) -> None:
+        """Host seconds of one sequence's work (its proposals, its scoring), or with
+        seq_id None of the step's shared work."""
+        if seq_id is None:
+            self._shared += seconds
+        else:
+            self.of(seq_id).spent(seconds)
+
+    def decode(self, seq_ids: Sequence[int], drafted: Sequence[int], plain_s: float,
+               measured_s: float) -> None:
+        """A generation decode of the sequences `seq_ids` (drafted[i] draft tokens each;
+        plain_s: the plain decode's modelled seconds where any drafted, else 0) took
+        measured_s: each sequence's Rest gets its share (module docstring)."""
+        rests = [self.of(i) for i in seq_ids]
+        workers = [r for r in rests if r._step_host > 0] or rests
+        for r in workers:
+            r.spent(self._shared / len(workers))
+        self._shared = 0.0
+        n, total = len(rests), sum(drafted)
+        extra = measured_s - plain_s
+        for r, k in zip(rests, drafted):
+            if total:
+                r.decode(plain_s / n, plain_s / n + extra * k / total, 1, k > 0)
+            else:
+                r.decode(0.0, measured_s / n, 1, False)

@@ -80,14 +80,17 @@ class Speculation:
             d.begin(self.seq_id, prompt)
 
     def proposes(self, history: np.ndarray, sampled: int) -> bool:
-        """Whether this step asks for proposals: unless the policy is idle (it rests:
-        rest.py), where only a sequence with drafters of its own (a prediction) does, or,
-        while the policy is `watching`, one whose chain's watch sees a copy begin
-        (`DrafterChain.watch`: one lookup); the policy then counts the step as active."""
-        if not self.policy.idle or self.own:
+        """Whether this step asks for proposals: unless the policy rests this sequence
+        (`policy.rest_of`, rest.py), where only one with drafters of its own (a
+        prediction) does, one that is following a copy (`copying`: its last draft was
+        accepted whole), or, while its Rest is `watching`, one whose chain's watch sees a
+        copy begin (`DrafterChain.watch`: one lookup); the step then counts as an active
+        one (`Rest.wake`)."""
+        rest = self.policy.rest_of(self.seq_id)
+        if rest is None or rest.active or self.own:
             return True
-        if self.policy.watching and self.chain.watch(self.seq_id, history, sampled):
-            self.policy.wake()
+        if self.copying or (rest.watching and self.chain.watch(self.seq_id, history, sampled)):
+            rest.wake()
             return True
         return False
 
