@@ -69,6 +69,26 @@ def test_follow_and_find_agree(monkeypatch):
     assert pos < 0 or hist[pos:pos + 4].tolist() == [*hist[497:500].tolist(), int(hist[500])]
 
 
+@pytest.mark.parametrize("keep", ["last", "first"])
+def test_an_index_step_in_one_call_equals_put_then_find(monkeypatch, keep):
+    """HashPool.index_find (C: ngs_index_find) against the Python reference's put_windows
+    then find_key: the same positions, hashes, slots and counts, step after step."""
+    rng = np.random.default_rng(4)
+    c, py = _pools(monkeypatch, 1 << 14)
+    hist = _history(rng, 1500, 25)
+    for n, lag in ((3, 0), (5, 7), (8, 64)):
+        done = {c: 0, py: 0}
+        for L in range(n + lag + 2, 1500, int(rng.integers(1, 9))):
+            last = int(hist[L])
+            got = []
+            for pool in (c, py):
+                pos, h, done[pool] = pool.index_find(hist[:L], last, n, 31 + n, done[pool], lag, keep)
+                got.append((pos, h, done[pool]))
+            assert got[0] == got[1]
+            np.testing.assert_array_equal(c.table, py.table)
+            assert c.used == py.used
+
+
 @pytest.mark.parametrize("name", ["ngram-mod", "ngram-simple", "ngram-map-k", "ngram-map-k4v"])
 def test_drafters_propose_the_same(monkeypatch, name):
     """A drafter's drafts over a generation are the same with the C loops and without."""

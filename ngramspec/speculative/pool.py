@@ -15,9 +15,10 @@ Invariants:
   target model verifies, so a wrong hit costs speed, never correctness.
 - `used` counts non-empty slots exactly; `clear()` empties all and bumps `resets`,
   which per-sequence indexes watch to rebuild themselves.
-- The drafters' three hot operations (`put_windows`, `follow_key`, `find_key`) run in
-  C where native.kernel() has it, else in Python; both compute the same slots and
-  values (tests/test_native_drafting.py).
+- The drafters' hot operations (`put_windows`, `follow_key`, `find_key`, and
+  `index_find`: a position index's put and find in one call) run in C where
+  native.kernel() has it, else in Python; both compute the same slots and values
+  (tests/test_native_drafting.py).
 """
 from __future__ import annotations
 
@@ -63,6 +64,10 @@ class HashPool:
         self._out_ptr = self._out.ctypes.data
         self._hash = np.zeros(1, dtype=np.uint64)  # find_key's hash out-parameter
         self._hash_ptr = self._hash.ctypes.data
+        self._state = np.zeros(2, dtype=np.int64)  # index_find's (starts indexed, filled)
+        self._state_ptr = self._state.ctypes.data
+        self._hist: np.ndarray | None = None  # the last history handed to C, and its address:
+        self._hist_ptr = 0  # a step's drafters pass one history (`_address`)
 
     # ----------------------------------------------------------------- reporting
     @property
@@ -184,22 +189,33 @@ class HashPool:
             mv[i] = (tag << 32) | values[j]
 
     # ----------------------------------------------------------------- the drafters' calls
+    def _address(self, hist: np.ndarray) -> int:
+        """The address of an int32 contiguous array (`_int32`), remembered for the last
+        one: numpy's `.ctypes.data` costs about a microsecond, and every drafter of a
+        step reads the same history."""
+        if hist is not self._hist:
+            self._hist, self._hist_ptr = hist, hist.ctypes.data
+        return self._hist_ptr
+
     def put_windows(self, tokens: np.ndarray, n: int, salt: int, values: np.ndarray | None = None,
-                    value0: int = 0, keep: str = "last") -> None:
-        """Window j = tokens[j:j+n] (j < len(tokens) - n + 1) gets values[j] (values None:
-        value0 + j), in order, as `put_ngrams` does (keep="first": a slot already
-        holding the key keeps its value). Without C, a long run goes through `put_many`,
-        which differs only in which of two keys that share a slot keeps it."""
-        count = len(tokens) - n + 1
+                    value0: int = 0, keep: str = "last", start: int = 0,
+                    end: int | None = None) -> None:
+        """Window j = tokens[start + j:start + j + n] (windows within tokens[start:end])
+        gets values[j] (values None: value0 + j), in order, as `put_ngrams` does
+        (keep="first": a slot already holding the key keeps its value). Without C, a long
+        run goes through `put_many`, which differs only in which of two keys that share a
+        slot keeps it."""
+        count = (len(tokens) if end is None else end) - start - n + 1
         if count <= 0:
             return
         if self._c is not None:
             tokens = _int32(tokens)
             vals = _int32(values) if values is not None else None
             self.used += self._c.ngs_put_ngrams(
-                self._ptr, self._shift, salt, tokens.ctypes.data, count, n,
+                self._ptr, self._shift, salt, self._address(tokens) + 4 * start, count, n,
                 vals.ctypes.data if vals is not None else None, value0, keep == "first")
             return
+        tokens = tokens[start:end]
         vals = values if values is not None else np.arange(value0, value0 + count, dtype=np.int64)
         if count <= _SCALAR_MAX:
             self.put_ngrams(tokens.tolist(), n, salt, vals.tolist(), keep)
@@ -214,7 +230,7 @@ class HashPool:
                 self._out = np.zeros(max_n, dtype=np.int32)
                 self._out_ptr = self._out.ctypes.data
             hist = _int32(hist)
-            k = self._c.ngs_follow(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
+            k = self._c.ngs_follow(self._ptr, self._shift, salt, self._address(hist), len(hist),
                                    last, n, max_n, self._out_ptr)
             return self._out[:k].copy()
         window = key_of(hist, last, n)
@@ -226,7 +242,7 @@ class HashPool:
         the value stored for it if the n tokens of `hist` there equal the key, else -1."""
         if self._c is not None:
             hist = _int32(hist)
-            pos = self._c.ngs_find(self._ptr, self._shift, salt, hist.ctypes.data, len(hist),
+            pos = self._c.ngs_find(self._ptr, self._shift, salt, self._address(hist), len(hist),
                                    last, n, self._hash_ptr)
             return pos, int(self._hash[0])
         key = key_of(hist, last, n)
@@ -234,6 +250,25 @@ class HashPool:
         pos = self.get(h, salt)
         ok = 0 <= pos and pos + n <= len(hist) and hist[pos:pos + n].tolist() == key
         return (pos if ok else -1), h
+
+    def index_find(self, hist: np.ndarray, last: int, n: int, salt: int, indexed: int, lag: int,
+                   keep: str) -> tuple[int, int, int]:
+        """A position index's step in one call: the windows of `hist` starting at
+        [indexed, len(hist) - n - lag + 1) put (value: the start, `put_windows`), then
+        `find_key` of hist[-(n-1):] + [last]. Returns (position or -1, key hash, starts
+        indexed now)."""
+        stop = max(indexed, len(hist) - n - lag + 1)
+        if self._c is None:
+            self.put_windows(hist, n, salt, value0=indexed, keep=keep, start=indexed,
+                             end=stop + n - 1)
+            return (*self.find_key(hist, last, n, salt), stop)
+        hist = _int32(hist)
+        self._state[0] = indexed
+        pos = self._c.ngs_index_find(self._ptr, self._shift, salt, self._address(hist), len(hist),
+                                     last, n, lag, keep == "first", self._state_ptr,
+                                     self._hash_ptr)
+        self.used += int(self._state[1])
+        return pos, int(self._hash[0]), stop
 
 
 def _int32(a: np.ndarray) -> np.ndarray:

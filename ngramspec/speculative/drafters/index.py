@@ -54,17 +54,23 @@ class SeqIndex:
                                                          next(_epochs)), 0, self.pool.resets)
         return st
 
-    def sync(self, seq_id: int, hist: np.ndarray) -> None:
-        """Insert every not yet indexed start j with j + n + lag <= len(hist)."""
+    def _fresh(self, seq_id: int, hist: np.ndarray) -> _SeqState:
+        """The sequence's state, its index started over if the pool was cleared since or
+        the history is shorter than what was indexed."""
         st = self._state(seq_id)
         if st.resets_seen != self.pool.resets or st.n_indexed > len(hist):
             st.n_indexed, st.resets_seen = 0, self.pool.resets
+        return st
+
+    def sync(self, seq_id: int, hist: np.ndarray) -> None:
+        """Insert every not yet indexed start j with j + n + lag <= len(hist)."""
+        st = self._fresh(seq_id, hist)
         stop = len(hist) - self.n - self.lag + 1  # exclusive bound on starts
         start = st.n_indexed
         if stop <= start:
             return
-        self.pool.put_windows(hist[start:stop + self.n - 1], self.n, st.salt, value0=start,
-                              keep=self.keep)
+        self.pool.put_windows(hist, self.n, st.salt, value0=start, keep=self.keep, start=start,
+                              end=stop + self.n - 1)
         st.n_indexed = stop
 
     def find(self, seq_id: int, hist: np.ndarray, sampled: int) -> tuple[int, int]:
@@ -72,3 +78,9 @@ class SeqIndex:
         an indexed start whose n tokens equal the key, or -1."""
         return self.pool.find_key(hist, sampled, self.n, self._state(seq_id).salt)
 
+    def sync_find(self, seq_id: int, hist: np.ndarray, sampled: int) -> tuple[int, int]:
+        """`sync`, then `find`, in one call into the pool (HashPool.index_find)."""
+        st = self._fresh(seq_id, hist)
+        pos, h, st.n_indexed = self.pool.index_find(hist, sampled, self.n, st.salt, st.n_indexed,
+                                                    self.lag, self.keep)
+        return pos, h

@@ -122,10 +122,10 @@ class _MapBase:
         """(key hash, match position) or None."""
         self._last[seq_id] = None
         n, m = self.n, self.m
-        self.index.sync(seq_id, history)
         if len(history) < 2 * n + m:
+            self.index.sync(seq_id, history)
             return None
-        pos, kh = self.index.find(seq_id, history, sampled)
+        pos, kh = self.index.sync_find(seq_id, history, sampled)
         if pos < 0 or pos + n + m > len(history):
             return None
         return kh, pos

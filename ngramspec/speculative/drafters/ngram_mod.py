@@ -88,8 +88,8 @@ class NgramMod:
         """Add the n-grams starting at [start, stop) of `tokens`, each mapped to the token
         after it, except windows inside the sorted [a, b) ranges of `skip`."""
         for a, b in _gaps(start, stop, skip or []):
-            self.pool.put_windows(tokens[a:b + self.n - 1], self.n, self.salt,
-                                  tokens[a + self.n:b + self.n])
+            self.pool.put_windows(tokens, self.n, self.salt, tokens[a + self.n:b + self.n],
+                                  start=a, end=b + self.n - 1)
 
     def reset_table(self) -> None:
         """Forget every entry of this table (new salt); other namespaces are untouched."""

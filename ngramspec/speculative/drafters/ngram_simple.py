@@ -38,8 +38,7 @@ class NgramSimple:
         if L <= n + m + 1 or max_len <= 0:
             self.index.sync(seq_id, history)
             return EMPTY
-        self.index.sync(seq_id, history)
-        pos, _ = self.index.find(seq_id, history, sampled)
+        pos, _ = self.index.sync_find(seq_id, history, sampled)
         if pos < 0:
             return EMPTY
         copy = min(m, L - (pos + n))

@@ -96,3 +96,21 @@ int64_t ngs_find(const uint64_t *table, int shift, uint64_t salt, const int32_t 
         if ((uint64_t)(int64_t)hist[pos + i] != ngs_key_token(hist, L, last, n, i)) return -1;
     return pos;
 }
+
+/* A position index's step (SeqIndex.sync_find): the windows starting at [state[0], stop),
+ * stop = L - n - lag + 1, are indexed as ngs_put_ngrams indexes them (value: the start;
+ * keep_first), state[0] becomes stop and state[1] the slots that filled; then the key
+ * hist[L-n+1 .. L) + [last] is looked up as ngs_find looks it up. Returns its position or
+ * -1; the key's hash into *hash_out. */
+int64_t ngs_index_find(uint64_t *table, int shift, uint64_t salt, const int32_t *hist, int64_t L,
+                       int32_t last, int n, int lag, int keep_first, int64_t *state,
+                       uint64_t *hash_out) {
+    const int64_t start = state[0], stop = L - n - lag + 1;
+    state[1] = 0;
+    if (stop > start) {
+        state[1] = ngs_put_ngrams(table, shift, salt, hist + start, stop - start, n, 0, start,
+                                  keep_first);
+        state[0] = stop;
+    }
+    return ngs_find(table, shift, salt, hist, L, last, n, hash_out);
+}
