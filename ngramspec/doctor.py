@@ -197,7 +197,8 @@ def text(r: dict) -> list[str]:
     for name, st in r["kernels"].items():
         lines.append(f"  {name:<9} {'active [' + st['variant'] + ']' if st['active'] else 'inactive'}"
                      f": {st['reason']} (variants: {', '.join(st['variants']['has'])}; this "
-                     f"CPU runs {', '.join(st['variants']['cpu_runs']) or 'none'})")
+                     f"CPU runs {', '.join(st['variants']['cpu_runs']) or 'none'})"
+                     + (f"; one-row decodes: {st['one_row']}" if st.get("one_row") else ""))
     lines.append(f"drafting loops: {'C' if r['drafting']['native'] else 'Python'} "
                  f"({r['drafting']['reason']})")
     d = r["device"]

@@ -191,3 +191,29 @@ def test_each_row_is_checked_by_its_position(model, monkeypatch):
         assert all(np.array_equal(a, b) for a, b in zip(good, again))
     finally:
         ctx.close()
+
+
+def test_one_row_decodes_take_the_faster_layer_with_the_same_values(model):
+    """`Hook.choose_one_row`: at start-up one-row decodes are timed with ours and with
+    llama.cpp's output layer (its vec_dot); llama.cpp's is taken only where it was faster
+    and its row bit-identical to ours. Either way a one-row decode gives the same logits
+    and argmax, and a decode of several rows is always ours."""
+    require(own_head.KERNEL)
+    ctx = Context(model, ContextParams(n_ctx=1024, n_seq_max=1))
+    try:
+        h = ctx.head
+        assert h.active and h.one_row_ms is not None
+        ours_ms, theirs_ms = h.one_row_ms
+        assert h.one_row == (ours_ms <= theirs_ms)  # the rows were identical on this CPU
+        assert h.scope == ("own" if h.one_row else "2+ rows")
+        assert h.wants(2) and h.wants(1) == h.one_row
+        got = {}
+        for mine in (True, False):
+            h.one_row = mine
+            row = ctx.decode([(0, [4321], 0, True)])[0][0]
+            got[mine] = (ctx.logits_at(row).copy(), ctx.argmax_at(row))
+            ctx.truncate(0, 0)
+        assert np.array_equal(got[True][0].view(np.uint32), got[False][0].view(np.uint32))
+        assert got[True][1] == got[False][1] == int(np.argmax(got[True][0]))
+    finally:
+        ctx.close()

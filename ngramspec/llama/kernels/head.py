@@ -26,6 +26,8 @@ Invariants:
 - used only when the output matmul over `result_norm` is the graph's
   `result_output` (no logit soft-capping after it) and its weight is a plain Q8_0
   matrix;
+- a one-row decode takes ours, or llama.cpp's where start-up timing found it faster and
+  its one-row logits bit-identical to ours (`Hook.choose_one_row`): the same values;
 - an argmax is numpy's argmax of the same row's logits (the first greatest value, or
   the first NaN), checked at start-up with the logits (`verify`);
 - rows are matched to batch indices in llama.cpp's output order: ubatch by ubatch
@@ -49,6 +51,7 @@ from . import ggml
 from .kernel import HookArgs, Kernel
 
 QK8_0 = 32
+ONE_ROW_REPS = 3  # timed one-row decodes each way at start-up (`Hook.choose_one_row`)
 
 
 class _Hook(C.Structure):
@@ -96,6 +99,9 @@ class Hook:
                       self.argmax.ctypes.data)
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
+        self.one_row = True  # one-row decodes take ours too (`choose_one_row`)
+        self.scope = "own"  # the cost key's name for what it takes ("2+ rows": not one row)
+        self.one_row_ms: tuple[float, float] | None = None  # (ours, llama.cpp's) one-row decode
         self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
         self.tops: dict[int, int] = {}  # the last armed decode's argmax by batch index
         self.kernel_s = 0.0  # seconds in the kernel since the last decode began (`forget`)
@@ -124,10 +130,11 @@ class Hook:
 
     def wants(self, n_logits: int) -> bool:
         """Whether a decode with n_logits logit rows takes our output layer: any with a
-        logit row, once verified (or being verified). One row too: our kernel reads the
-        matrix once as llama.cpp's vec_dot does, and the argmax comes with it (no logits
-        written, no scan of the row by numpy; docs/benchmarks.md)."""
-        return (self.active or self._checking) and n_logits >= 1
+        logit row, once verified (or being verified). One row too where that is faster
+        on this CPU (`choose_one_row`): our kernel reads the matrix once as llama.cpp's
+        vec_dot does, and the argmax comes with it (no logits written, no scan of the row
+        by numpy; docs/benchmarks.md)."""
+        return (self.active or self._checking) and n_logits >= (1 if self.one_row else 2)
 
     def arm(self) -> None:
         """Before a decode that takes our layer: end its graph at result_norm, keeping the
@@ -230,7 +237,34 @@ class Hook:
         self._compute(range(len(tokens)), [r.ctypes.data for r in ours], argmax=True)
         self.active = bool(np.array_equal(ours.view(np.uint32), theirs.view(np.uint32)) and
                            np.array_equal(self.argmax[:len(tokens)], np.argmax(theirs, axis=1)))
+        if self.active:
+            self.choose_one_row(ctx, tokens[0])
         return self.active
+
+    def choose_one_row(self, ctx, token: int) -> None:
+        """Whether one-row decodes (spec-off's step) take ours or llama.cpp's output layer:
+        llama.cpp's where its one-row logits (its vec_dot, not the sgemm `verify`
+        compared) are bit-identical to ours, so that every row gets the same values
+        either way, and its decode with numpy's argmax is faster here (ONE_ROW_REPS
+        decodes each way, alternating, on an empty context; medians). Leaves sequence
+        0 empty."""
+        got, times = {}, {True: [], False: []}
+        for rep in range(ONE_ROW_REPS + 1):
+            for mine in (True, False):
+                self.one_row = mine
+                t0 = time.perf_counter()
+                row = ctx.run_rows([(0, [token], 0, True)], {}, argmax_only=rep > 0)[0][0]
+                top = ctx.argmax_at(row)
+                times[mine].append(time.perf_counter() - t0)
+                if rep == 0:
+                    got[mine] = (ctx.logits_at(row).copy(), top)
+                ctx.truncate(0, 0)
+        same = (np.array_equal(got[True][0].view(np.uint32), got[False][0].view(np.uint32))
+                and got[True][1] == got[False][1])
+        ours, theirs = (float(np.median(times[m][1:])) * 1e3 for m in (True, False))
+        self.one_row_ms = (ours, theirs)
+        self.one_row = not same or ours <= theirs
+        self.scope = "own" if self.one_row else "2+ rows"
 
 
 @functools.lru_cache(maxsize=4096)

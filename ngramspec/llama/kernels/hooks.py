@@ -65,6 +65,11 @@ class KernelHooks:
                 out[k.name] = {"active": True, "reason": "passes every check",
                                "variant": variant_of(hook.lib),
                                "scope": getattr(hook, "scope", "own")}
+                if getattr(hook, "one_row_ms", None):
+                    ours, theirs = hook.one_row_ms
+                    which = "ours" if hook.one_row else "llama.cpp's"
+                    out[k.name]["one_row"] = (f"{which} (ours {ours:.2f} ms, llama.cpp's "
+                                              f"{theirs:.2f} ms)")
         return out
 
     @property
