@@ -65,22 +65,25 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
     if k_top <= 0:
         return 0
     sec, tok, slope = cost.alone()
-    kv = cost.per_kv * base.n_kv / 1000.0
-    t1 = sec[0] + kv * tok[0]
-    if (e[1] - 1.0) * t1 <= slope:
+    if (e[1] - 1.0) * (sec[0] + cost.per_kv * base.n_kv / 1000.0 * tok[0]) <= slope:
         return 0
-    rate = e[:k_top + 1] / (sec[:k_top + 1] + kv * tok[:k_top + 1])
+    rate = _alone_rates(e, cost, base.n_kv, k_top)
     k = int(np.argmax(rate))
     return k if rate[k] * trust > rate[0] * (1 + 1e-9) else 0
 
 
+def _alone_rates(e: np.ndarray, cost: DecodeCost, n_kv: int, k_top: int) -> np.ndarray:
+    """E[tokens | K] / t(1 + K) for K = 0..k_top of a sequence alone in a decode whose
+    stream holds n_kv cells (`DecodeCost.alone`'s table plus the KV term)."""
+    sec, tok, _ = cost.alone()
+    kv = cost.per_kv * n_kv / 1000.0
+    return e[:k_top + 1] / (sec[:k_top + 1] + kv * tok[:k_top + 1])
+
+
 def _best_alone(e: np.ndarray, cost: DecodeCost, n_kv: int, cap: int) -> int:
     """The length K <= cap with the best rate E[tokens | K] / t(1 + K) for the sequence
-    alone (`DecodeCost.alone`'s table): where its own drafts pay most."""
-    sec, tok, _ = cost.alone()
-    k_top = min(cap, len(e) - 1)
-    kv = cost.per_kv * n_kv / 1000.0
-    return int(np.argmax(e[:k_top + 1] / (sec[:k_top + 1] + kv * tok[:k_top + 1])))
+    alone (`_alone_rates`): where its own drafts pay most."""
+    return int(np.argmax(_alone_rates(e, cost, n_kv, min(cap, len(e) - 1))))
 
 
 def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,

@@ -78,6 +78,11 @@ class Rest:
         the step is measured as an active one (host, saved, a draft accepted whole)."""
         self._woken = True
 
+    @property
+    def worked(self) -> bool:
+        """Whether host time was spent for this sequence since the last decode."""
+        return self._step_host > 0
+
     def spent(self, seconds: float) -> None:
         """Host seconds of the policy's own work (counted for the step whose decode ends
         next: its proposals and plan, the scoring of the step before, its observe_decode)."""
@@ -173,7 +178,7 @@ class Rests:
         plain_s: the plain decode's modelled seconds where any drafted, else 0) took
         measured_s: each sequence's Rest gets its share (module docstring)."""
         rests = [self.of(i) for i in seq_ids]
-        workers = [r for r in rests if r._step_host > 0] or rests
+        workers = [r for r in rests if r.worked] or rests
         for r in workers:
             r.spent(self._shared / len(workers))
         self._shared = 0.0

@@ -10,7 +10,7 @@ Invariants:
 - After `sync(seq, hist)`, every start j with j + n + lag <= len(hist) is indexed
   (subject to slot collisions), unless the pool was cleared since, in which case
   `sync` re-indexes the whole history.
-- `find` returns a position whose n tokens equal the key, or -1 (HashPool.find_key).
+- `sync_find` returns a position whose n tokens equal the key, or -1 (HashPool.index_find).
 """
 from __future__ import annotations
 
@@ -73,13 +73,10 @@ class SeqIndex:
                               end=stop + self.n - 1)
         st.n_indexed = stop
 
-    def find(self, seq_id: int, hist: np.ndarray, sampled: int) -> tuple[int, int]:
-        """(position, key hash) of the key hist[-(n-1):] + [sampled] (len(hist) >= n - 1):
-        an indexed start whose n tokens equal the key, or -1."""
-        return self.pool.find_key(hist, sampled, self.n, self._state(seq_id).salt)
-
     def sync_find(self, seq_id: int, hist: np.ndarray, sampled: int) -> tuple[int, int]:
-        """`sync`, then `find`, in one call into the pool (HashPool.index_find)."""
+        """`sync`, then (position, key hash) of the key hist[-(n-1):] + [sampled]
+        (len(hist) >= n - 1): an indexed start whose n tokens equal the key, or -1; in one
+        call into the pool (HashPool.index_find)."""
         st = self._fresh(seq_id, hist)
         pos, h, st.n_indexed = self.pool.index_find(hist, sampled, self.n, st.salt, st.n_indexed,
                                                     self.lag, self.keep)
