@@ -89,8 +89,11 @@ class Speculation:
         rest = self.policy.rest_of(self.seq_id)
         if rest is None or rest.active or self.own:
             return True
-        if self.copying or (rest.watching and self.chain.watch(self.seq_id, history, sampled)):
+        if self.copying:
             rest.wake()
+            return True
+        if rest.watching and self.chain.watch(self.seq_id, history, sampled):
+            rest.wake(looked=True)
             return True
         return False
 
