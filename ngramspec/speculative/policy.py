@@ -249,12 +249,17 @@ class CostPolicy:
         expected = table[best, np.arange(k_top + 1)]
         return DraftOptions(props, expected, pick)
 
-    @_timed
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
-        """Score this step's proposals against the tokens the target emitted."""
-        if sp.committed is None and not sp.options.proposals:  # nothing to score
+        """Score this step's proposals against the tokens the target emitted (`_score`);
+        a sequence that proposed nothing (resting) only leaves its copy, untimed: a
+        resting step costs no more host time than it must."""
+        if sp.committed is None and not sp.options.proposals:
             sp.copying = False
             return
+        self._score(sp, emitted, n_accepted)
+
+    @_timed
+    def _score(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         if sp.committed is not None:
             self.probe.accepted(sp.seq_id, n_accepted)
             self.rests.of(sp.seq_id).accepted(n_accepted, sp.committed[1])
