@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ngramspec.speculative.cost import DecodeCost, Shape
-from ngramspec.speculative.draft_trust import IDLE_DECAY, PRIOR, DraftTrust, bucket
+from ngramspec.speculative.draft_trust import DECAY, PRIOR, DraftTrust, bucket
 from ngramspec.speculative.planner import plan
 from ngramspec.speculative.policy import CostPolicy
 from ngramspec.speculative.speculation import DraftOptions
@@ -44,14 +44,11 @@ def test_undrafted_decodes_return_trust_towards_one():
     drafted_decode(t, 8, 1.0, 0.5)
     first = t.factor(8)
     assert math.isclose(first, math.exp(math.log(0.5) / (1 + PRIOR)))
-    for _ in range(100):  # drafting stopped: each plain decode decays the evidence, slowly
+    for _ in range(100):  # drafting stopped: each plain decode decays the evidence
         t.decode(8, 0.07, 0.07, drafted=False)
-    assert first < t.factor(8) < 0.95  # a bucket that stopped drafting keeps its lesson a while
-    for _ in range(900):
-        t.decode(8, 0.07, 0.07, drafted=False)
-    assert t.factor(8) > 0.99
+    assert t.factor(8) > 0.97
     assert math.isclose(math.log(t.factor(8)),
-                        math.log(0.5) * IDLE_DECAY ** 1000 / (IDLE_DECAY ** 1000 + PRIOR))
+                        math.log(0.5) * DECAY ** 100 / (DECAY ** 100 + PRIOR))
 
 
 def test_a_preempted_decode_counts_clipped():

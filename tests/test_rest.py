@@ -74,30 +74,6 @@ def test_a_trial_that_does_not_pay_waits_longer_before_the_next():
     assert not all(watching) and any(watching)
 
 
-def test_lookups_whose_proposals_are_declined_wait_before_the_next():
-    """A resting step woken by its watch whose proposals the planner declined (no draft)
-    waits 2, 4, .. MAX_LOOK_GAP steps before it looks again; a woken step that drafted
-    looks again at the next one."""
-    rest = Rest()
-    for _ in range(100):
-        _step(rest, host=0.001)
-    looks = []
-    for _ in range(200):  # the watch matches every step, the planner declines every time
-        if not rest.active and rest.watching:
-            rest.wake(looked=True)
-            looks.append(1)
-        else:
-            looks.append(0)
-        _step(rest, host=0.001)
-    assert rest._look_gap == Rest.MAX_LOOK_GAP
-    assert sum(looks[100:]) <= 100 / Rest.MAX_LOOK_GAP + 1
-    rest._look_wait = rest._look_gap  # the next lookup: its proposals are drafted
-    assert rest.watching
-    rest.wake(looked=True)
-    _step(rest, host=0.001, drafted=True, accepted=0, drafted_len=2)
-    assert rest._look_gap == 0 and rest.watching
-
-
 def test_the_policies_count_rested_steps():
     from ngramspec.speculative.cost import DecodeCost
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy
@@ -184,7 +160,7 @@ def test_a_resting_policy_watches_for_a_copy(auto_engine, monkeypatch):
     monkeypatch.setattr(CostPolicy, "rest_of", lambda self, seq_id: resting)
     woken = []
     real = Rest.wake
-    monkeypatch.setattr(Rest, "wake", lambda r, looked=False: woken.append(1) or real(r, looked))
+    monkeypatch.setattr(Rest, "wake", lambda r: woken.append(1) or real(r))
     out, _ = _run(eng, prompt, 48)
     accepted = sum(s.n_acc_tokens for s in eng.stats().values())
     assert out == plain and woken and accepted > 0

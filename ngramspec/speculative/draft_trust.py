@@ -21,11 +21,8 @@ the factor still beats plain decoding (`planner.plan`'s `trust`).
 
 Invariants: the factor only decides whether a decode carries drafts, never which
 tokens are emitted. Every decode of a bucket decays its sums, drafted or not, so a
-bucket that stopped drafting returns towards trust 1 and measures again: a drafted
-decode by DECAY, a plain one by IDLE_DECAY, slower, so that where drafts lose (a fast
-decode at several slots: a verify row costs ~70% of a plain token) the lesson lasts a
-few hundred plain decodes instead of a few dozen (measured on the 4-block model at 4
-slots, AMD Zen 4: each return to trust 1 bought a run of drafted decodes that lost). Records are opened by `decode` (once per generation decode) and
+bucket that stopped drafting returns towards trust 1 within a few dozen decodes and
+measures again. Records are opened by `decode` (once per generation decode) and
 filled by `sequence` (once per sequence of that decode, after it), as the engine
 calls the policy: observe_decode, then observe per sequence.
 """
@@ -35,8 +32,7 @@ import math
 from dataclasses import dataclass, field
 
 N_BUCKETS = 5
-DECAY = 0.97  # per drafted decode of the bucket (half-life ~23 of them)
-IDLE_DECAY = 0.995  # per plain decode of the bucket (half-life ~140)
+DECAY = 0.97  # per decode of the bucket (half-life ~23 decodes)
 PRIOR = 3.0  # pseudo-decodes at realized = predicted
 CLIP = 4.0  # one decode's ratio counts within [1/CLIP, CLIP] (a preempted decode)
 
@@ -73,9 +69,8 @@ class DraftTrust:
         """A generation decode happened; a drafted one is scored once its sequences report."""
         self._close()
         b = bucket(n_seqs)
-        d = DECAY if drafted else IDLE_DECAY
-        self.total[b] *= d
-        self.weight[b] *= d
+        self.total[b] *= DECAY
+        self.weight[b] *= DECAY
         if drafted and predicted_s > 0 and measured_s > 0:
             self._open = _Record(n_seqs, predicted_s, measured_s)
 

@@ -48,7 +48,6 @@ class Rest:
     MAX_PERIOD = 32
     TRIAL = 8  # active steps after a resting step's draft was accepted whole
     MAX_GAP = 256
-    MAX_LOOK_GAP = 16  # steps between watch lookups at most (`watching`)
 
     def __init__(self) -> None:
         self._decay = 0.5 ** (1.0 / self.HALF_LIFE)
@@ -67,24 +66,17 @@ class Rest:
         self._wait = 0  # steps since the last trial ended
         self._whole = False  # a draft of the last drafted decode was accepted whole
         self._woken = False  # a resting step in which a sequence proposes (`wake`)
-        self._looked = False  # ... because its chain's watch saw a copy (`wake(looked=True)`)
-        self._look_gap = 0  # resting steps between watch lookups (`watching`)
-        self._look_wait = 0  # steps since the last lookup that found no draft worth verifying
 
     @property
     def watching(self) -> bool:
         """Whether a resting step may look for a copy (`wake`): not while the wait after a
-        failed trial lasts (a copy seen there would only start a trial that failed), nor
-        while the wait after a lookup whose proposals the planner declined lasts (`decode`:
-        where verifying a copy does not pay, e.g. a fast decode at several slots, a
-        watch that matches every step would pay the proposing host time every step)."""
-        return self._wait >= self._gap and self._look_wait >= self._look_gap
+        failed trial lasts (a copy seen there would only start a trial that failed)."""
+        return self._wait >= self._gap
 
-    def wake(self, looked: bool = False) -> None:
-        """A sequence proposes in this resting step (`looked`: its chain's watch saw a
-        copy begin; else it follows a copy): the step is measured as an active one (host,
-        saved, a draft accepted whole)."""
-        self._woken, self._looked = True, looked
+    def wake(self) -> None:
+        """A sequence proposes in this resting step (its chain's watch saw a copy begin):
+        the step is measured as an active one (host, saved, a draft accepted whole)."""
+        self._woken = True
 
     @property
     def worked(self) -> bool:
@@ -103,7 +95,6 @@ class Rest:
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
-        self._watched(drafted)
         if self.active or woken:
             self.decode_s += measured_s
             self.host += self._step_host
@@ -114,17 +105,6 @@ class Rest:
             self.n_rested += 1
         self._step_host = 0.0
         self._next()
-
-    def _watched(self, drafted: bool) -> None:
-        """After a step a watch lookup woke: drafted, lookups go on every resting step;
-        declined, the wait before the next lookup doubles (2 .. MAX_LOOK_GAP steps: a
-        copy is seen at most that late, and its proposals' scoring, which may turn the
-        planner, goes on)."""
-        looked, self._looked = self._looked, False
-        self._look_wait += 1
-        if looked:
-            self._look_gap = 0 if drafted else min(self.MAX_LOOK_GAP, max(2, 2 * self._look_gap))
-            self._look_wait = 0 if not drafted else self._look_wait
 
     def accepted(self, n_accepted: int, n_drafted: int) -> None:
         """One sequence of the last drafted decode had n_accepted of its n_drafted

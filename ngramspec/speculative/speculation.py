@@ -89,11 +89,8 @@ class Speculation:
         rest = self.policy.rest_of(self.seq_id)
         if rest is None or rest.active or self.own:
             return True
-        if self.copying:
+        if self.copying or (rest.watching and self.chain.watch(self.seq_id, history, sampled)):
             rest.wake()
-            return True
-        if rest.watching and self.chain.watch(self.seq_id, history, sampled):
-            rest.wake(looked=True)
             return True
         return False
 
