@@ -16,14 +16,27 @@ from .cost import MAX_DRAFT
 _PRODUCTS, _SUMS = np.multiply.accumulate, np.add.accumulate
 
 
+def _differences(counts: np.ndarray) -> np.ndarray:
+    """r, last position first, with counts[i] = sum(r[:len - i]) (`_suffix_sums`)."""
+    d = counts.copy()
+    d[:-1] -= counts[1:]
+    return d[::-1].copy()
+
+
+def _suffix_sums(r: np.ndarray) -> np.ndarray:
+    """The counts of differences r (`_differences`): one accumulate, read backwards (a view)."""
+    return _SUMS(r)[::-1]
+
+
 class AcceptanceStats:
     """Decayed per-position acceptance counts of one drafter (optionally per sequence).
 
     offered[i]: drafts whose position i was verified (all earlier accepted);
     accepted[i]: of those, how many accepted position i. Each update multiplies the old
     counts by `decay` and adds the new draft with weight 1; kept lazily (the raw counts
-    grow by 1/decay per update and are divided out when read), so an update touches
-    only the positions it saw.
+    grow by 1/decay per update and are divided out when read), and as differences (a
+    draft that verified positions 0..s-1 adds its weight at s-1 only; the counts are the
+    suffix sums), so an update touches two numbers whatever the draft's length.
     """
 
     # Beta prior of the pooled rate: a cold drafter is trusted at 1/1.1 = 0.91 per
@@ -38,36 +51,38 @@ class AcceptanceStats:
                  accepted: np.ndarray | None = None):
         self.decay = decay
         self._w = 1.0  # the weight the next update adds, relative to the raw counts
-        self._off = np.zeros(MAX_DRAFT) if offered is None else np.array(offered, dtype=float)
-        self._acc = np.zeros(MAX_DRAFT) if accepted is None else np.array(accepted, dtype=float)
-        self._off_sum, self._acc_sum = float(self._off.sum()), float(self._acc.sum())
+        off = np.zeros(MAX_DRAFT) if offered is None else np.array(offered, dtype=float)
+        acc = np.zeros(MAX_DRAFT) if accepted is None else np.array(accepted, dtype=float)
+        self._off_sum, self._acc_sum = float(off.sum()), float(acc.sum())
+        self._doff, self._dacc = _differences(off), _differences(acc)  # raw, as differences
         self.n_updates = 0
         self._expected: np.ndarray | None = None
 
     @property
     def offered(self) -> np.ndarray:
-        return self._off / self._w
+        return _suffix_sums(self._doff) / self._w
 
     @property
     def accepted(self) -> np.ndarray:
-        return self._acc / self._w
+        return _suffix_sums(self._dacc) / self._w  # new arrays: the divisions copy
 
     def update(self, n_offered: int, n_accepted: int) -> None:
         """Record a verified draft of length n_offered with n_accepted accepted."""
         self._expected = None
         n_offered = min(n_offered, MAX_DRAFT)
         n_accepted = min(n_accepted, n_offered)
-        self._w /= self.decay
-        if self._w > 1e100:  # fold the scale back into the counts
-            self._off /= self._w
-            self._acc /= self._w
-            self._off_sum, self._acc_sum = self._off_sum / self._w, self._acc_sum / self._w
-            self._w = 1.0
+        w = self._w = self._w / self.decay
+        if w > 1e100:  # fold the scale back into the counts
+            self._doff, self._dacc = self._doff / w, self._dacc / w
+            self._off_sum, self._acc_sum = self._off_sum / w, self._acc_sum / w
+            w = self._w = 1.0
         seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
-        self._off[:seen] += self._w
-        self._acc[:n_accepted] += self._w
-        self._off_sum += seen * self._w  # the counts' sums, kept as they grow (`p`)
-        self._acc_sum += n_accepted * self._w
+        if seen:  # position seen - 1, stored last first
+            self._doff[MAX_DRAFT - seen] += w
+        if n_accepted:
+            self._dacc[MAX_DRAFT - n_accepted] += w
+        self._off_sum += seen * w  # the counts' sums, kept as they grow (`p`)
+        self._acc_sum += n_accepted * w
         self.n_updates += 1
 
     def _pooled(self) -> float:
@@ -85,8 +100,8 @@ class AcceptanceStats:
         gets tried at lengths it has not reached before.
         """
         sw = self.shrink * self._w  # the raw counts are w times the decayed ones
-        out = self._acc + sw * self._pooled()
-        out /= self._off + sw
+        out = _suffix_sums(self._dacc) + sw * self._pooled()
+        out /= _suffix_sums(self._doff) + sw
         return out
 
     def expected_tokens(self) -> np.ndarray:
