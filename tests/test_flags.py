@@ -108,6 +108,29 @@ def test_settings_fields_come_from_the_table():
     assert ServerSettings(host="127.0.0.1,::1").host == ("127.0.0.1", "::1")
 
 
+def test_sampling_flags_come_from_sampling_params():
+    """Each sampling flag that sets a SamplingParams field is typed and defaulted as the
+    field is (but --temp 0.8 and --seed -1: llama.cpp's command line), and a command's
+    defaults give SamplingParams' own values."""
+    from dataclasses import fields
+
+    from ngramspec.engine.flag_values import typed
+    from ngramspec.settings.sampling import RANDOM_SEED, SamplingParams
+
+    own = {f.name: f.default for f in fields(SamplingParams)}
+    table = {f.dest: f for f in flags.FLAGS}
+    mapped = flags.sampling_fields()
+    assert len(mapped) >= 20 and set(mapped.values()) <= set(own)
+    for dest, field in mapped.items():
+        f = table[dest]
+        assert f.type is type(own[field]), dest
+        assert f.default == own[field] or (dest, f.default) in (("temp", 0.8), ("seed", -1)), dest
+    values = flags.defaults("generate", ("sampling",))
+    got = typed(values, spec=SpecConfig(types=())).sampling
+    want = SamplingParams(temperature=0.8, seed=RANDOM_SEED)
+    assert got == want
+
+
 def test_unused_flag_warns_once_and_serve_goes_on():
     r = CliRunner().invoke(main, ["serve", "-sm", "row", "--tensor-split", "1,1", "-sm", "layer",
                                   "--mmproj", "x.gguf", "--port", "70000"], obj={})

@@ -17,6 +17,7 @@ from ..errors import ConfigError
 from ..settings import strict_json
 from ..settings.config import SPEC_OPTIONS, SpecConfig, spec_config_from_options, uses_draft_model
 from ..settings.flag import on_off, gpu_layers, load_mode
+from ..settings.flags import sampling_fields
 from ..settings.llama_values import kv_type_name
 
 if TYPE_CHECKING:
@@ -95,19 +96,15 @@ def _sampling(kw: dict[str, Any]):
     if schema is not None:
         parsed = strict_json.loads(schema, "--json-schema")
         grammar = schema_grammar(parsed if parsed else {"type": "object"})
-    seed = kw.pop("seed", -1)
-    return SamplingParams(temperature=kw.pop("temp"), top_k=kw.pop("top_k"), top_p=kw.pop("top_p"),
-                          min_p=kw.pop("min_p"), repeat_penalty=kw.pop("repeat_penalty"),
-                          repeat_last_n=kw.pop("repeat_last_n"),
-                          frequency_penalty=kw.pop("frequency_penalty"),
-                          presence_penalty=kw.pop("presence_penalty"),
-                          seed=seed_or_random(seed), grammar=grammar, **_samplers_from_values(kw))
-
-
-#: flags whose value is SamplingParams' field of the same name (`_samplers_from_values`)
-_SAMPLER_FIELDS = ("dry_multiplier", "dry_allowed_length", "dry_penalty_last_n",
-                   "xtc_probability", "xtc_threshold", "typical_p", "top_n_sigma", "mirostat",
-                   "mirostat_eta", "mirostat_tau", "dynatemp_range", "dynatemp_exponent")
+    values = {field: kw.pop(dest) for dest, field in sampling_fields().items() if dest in kw}
+    seed = values.get("seed")
+    values["seed"] = seed_or_random(-1 if seed is None else seed)
+    values["ignore_eos"] = bool(values.get("ignore_eos"))
+    base = values.get("dry_base")
+    if base is None or base < 1.0:  # below 1: the default, as llama.cpp
+        values["dry_base"] = SamplingParams.dry_base
+    return SamplingParams(grammar=grammar, **_samplers_from_values(kw),
+                          **{k: v for k, v in values.items() if v is not None})
 
 
 def _token_bias(value: str) -> tuple[int, float]:
@@ -120,16 +117,13 @@ def _token_bias(value: str) -> tuple[int, float]:
 
 
 def _samplers_from_values(kw: dict[str, Any]) -> dict[str, Any]:
-    """Pop llama-server's other sampler flags into SamplingParams fields: DRY's base
-    below 1 is the default (as llama.cpp), given breakers replace the default ('none':
-    no breakers); --samplers or --sampler-seq set the order (settings/sampling.parse_order)."""
-    from ..settings.sampling import DEFAULT_ORDER, SamplingParams, parse_order
+    """Pop the sampling flags that are not a SamplingParams field as they are: the logit
+    biases (-l), the DRY breakers (given ones replace the default; 'none': no breakers),
+    the order (--samplers or --sampler-seq: settings/sampling.parse_order)."""
+    from ..settings.sampling import DEFAULT_ORDER, parse_order
 
-    out = {k: kw.pop(k) for k in _SAMPLER_FIELDS if k in kw}
-    out["ignore_eos"] = bool(kw.pop("ignore_eos", False))
-    out["logit_bias"] = tuple(_token_bias(v) for v in kw.pop("logit_bias", ()) or ())
-    base = kw.pop("dry_base", None)
-    out["dry_base"] = SamplingParams.dry_base if base is None or base < 1.0 else base
+    out: dict[str, Any] = {"logit_bias": tuple(_token_bias(v) for v in kw.pop("logit_bias", ())
+                                               or ())}
     breakers = kw.pop("dry_sequence_breaker", ())
     if breakers:
         out["dry_sequence_breakers"] = tuple(b for b in breakers if b != "none")

@@ -26,6 +26,7 @@ entries in ascending seq id.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -96,11 +97,19 @@ def split_simple(lengths: Sequence[tuple[int, int]], n_ubatch: int) -> list[Ubat
     return out
 
 
-def split(lengths: Sequence[tuple[int, int]], n_ubatch: int, per_seq_streams: bool) -> list[Ubatch]:
+def split(lengths: Sequence[tuple[int, int]], n_ubatch: int,
+          per_seq_streams: bool) -> tuple[Ubatch, ...]:
     """The ubatches llama.cpp forms for entries (seq_id, n_tokens) in batch order
-    (ascending seq ids when per_seq_streams)."""
-    lengths = [(s, n) for s, n in lengths if n > 0]
-    return (split_equal if per_seq_streams else split_simple)(lengths, n_ubatch)
+    (ascending seq ids when per_seq_streams). Remembered (`_split`): `pads_needed` and
+    `layout` split the same lengths in turn, and the planner prices layouts by the
+    thousand (`cost._fixed_features`); the tuple is shared, read-only."""
+    return _split(tuple((s, n) for s, n in lengths if n > 0), n_ubatch, per_seq_streams)
+
+
+@functools.lru_cache(maxsize=4096)
+def _split(lengths: tuple[tuple[int, int], ...], n_ubatch: int,
+           per_seq_streams: bool) -> tuple[Ubatch, ...]:
+    return tuple((split_equal if per_seq_streams else split_simple)(lengths, n_ubatch))
 
 
 #: llama.cpp casts an F32 K or V cache to F16 before flash attention (llama-graph.cpp)

@@ -27,6 +27,7 @@ Invariants:
 from __future__ import annotations
 
 from dataclasses import field as dc_field
+from dataclasses import fields as dc_fields
 from typing import Any, Callable, Iterable
 
 import click
@@ -44,11 +45,25 @@ from .flag import (
     json_object,
 )
 from .llama_values import KV_TYPES, LOAD_MODES, kv_type_name
+from .sampling import SamplingParams
 
 
 # ------------------------------------------------------------------ the table
 
 _M, _S, _R, _V = "model", "sampling", "request", "server"
+
+#: SamplingParams' fields and their defaults: the sampling flags' types and defaults
+SAMPLING_DEFAULTS = {f.name: f.default for f in dc_fields(SamplingParams)}
+
+
+def _sampler(names: tuple[str, ...], field: str, dest: str | None = None, *,
+             default: Any = SAMPLING_DEFAULTS, help: str, **kw) -> Flag:
+    """The flag of SamplingParams.<field>: typed and defaulted as the field is (`default`
+    only where llama.cpp's command line differs: --temp 0.8, --seed -1); its value goes
+    to that field (`sampling_fields`), its range is SamplingParams' (`sampling.RANGES`)."""
+    value = SAMPLING_DEFAULTS[field] if default is SAMPLING_DEFAULTS else default
+    return Flag(names, dest or field, _S, type(SAMPLING_DEFAULTS[field]), value, help=help,
+                commands=GEN, field=field, **kw)
 
 _FLAGS: list[Flag] = [
     # model and context
@@ -104,61 +119,54 @@ _FLAGS: list[Flag] = [
     Flag(("-n", "--n-predict", "--predict"), "n_predict", _R, int, 256, commands=ALL,
          defaults=(("serve", -1),),
          help="tokens to generate (-1: until end of text or the context/slot is full)"),
-    Flag(("--temp", "--temperature"), "temp", _S, float, 0.8, commands=GEN,
-         defaults=(("batch", 0.0),),
-         help="temperature; 0 = greedy (exactly reproduces spec-off output)"),
-    Flag(("--top-k",), "top_k", _S, int, 40, commands=GEN, help="top-k sampling (0: off)"),
-    Flag(("--top-p",), "top_p", _S, float, 0.95, commands=GEN, help="top-p sampling (1.0: off)"),
-    Flag(("--min-p",), "min_p", _S, float, 0.05, commands=GEN, help="min-p sampling (0.0: off)"),
-    Flag(("--repeat-penalty",), "repeat_penalty", _S, float, 1.0, commands=GEN,
-         help="penalty for repeated tokens (1.0: off)"),
-    Flag(("--repeat-last-n",), "repeat_last_n", _S, int, 64, commands=GEN,
-         help="tokens the repeat, frequency and presence penalties look back over"),
-    Flag(("--frequency-penalty",), "frequency_penalty", _S, float, 0.0, commands=GEN,
-         help="OpenAI's frequency penalty, -2..2 (0.0: off)"),
-    Flag(("--presence-penalty",), "presence_penalty", _S, float, 0.0, commands=GEN,
-         help="OpenAI's presence penalty, -2..2 (0.0: off)"),
-    Flag(("--dry-multiplier",), "dry_multiplier", _S, float, 0.0, commands=GEN,
-         help="DRY repetition penalty multiplier (0.0: off)"),
-    Flag(("--dry-base",), "dry_base", _S, float, 1.75, commands=GEN,
-         help="DRY base (values below 1.0 give the default 1.75)"),
-    Flag(("--dry-allowed-length",), "dry_allowed_length", _S, int, 2, commands=GEN,
-         help="DRY: repeats longer than this are penalized"),
-    Flag(("--dry-penalty-last-n",), "dry_penalty_last_n", _S, int, 64, commands=GEN,
-         help="tokens DRY scans for repeats (0: off; -1: the context)"),
+    _sampler(("--temp", "--temperature"), "temperature", "temp", default=0.8,
+             defaults=(("batch", 0.0),),
+             help="temperature; 0 = greedy (exactly reproduces spec-off output)"),
+    _sampler(("--top-k",), "top_k", help="top-k sampling (0: off)"),
+    _sampler(("--top-p",), "top_p", help="top-p sampling (1.0: off)"),
+    _sampler(("--min-p",), "min_p", help="min-p sampling (0.0: off)"),
+    _sampler(("--repeat-penalty",), "repeat_penalty", help="penalty for repeated tokens (1.0: off)"),
+    _sampler(("--repeat-last-n",), "repeat_last_n",
+             help="tokens the repeat, frequency and presence penalties look back over"),
+    _sampler(("--frequency-penalty",), "frequency_penalty",
+             help="OpenAI's frequency penalty, -2..2 (0.0: off)"),
+    _sampler(("--presence-penalty",), "presence_penalty",
+             help="OpenAI's presence penalty, -2..2 (0.0: off)"),
+    _sampler(("--dry-multiplier",), "dry_multiplier",
+             help="DRY repetition penalty multiplier (0.0: off)"),
+    _sampler(("--dry-base",), "dry_base", help="DRY base (values below 1.0 give the default 1.75)"),
+    _sampler(("--dry-allowed-length",), "dry_allowed_length",
+             help="DRY: repeats longer than this are penalized"),
+    _sampler(("--dry-penalty-last-n",), "dry_penalty_last_n",
+             help="tokens DRY scans for repeats (0: off; -1: the context)"),
     Flag(("--dry-sequence-breaker",), "dry_sequence_breaker", _S, str, None, commands=GEN,
          multiple=True, join=False,
          help="a DRY sequence breaker, repeatable (replaces the default \\n : \" *; "
               "'none': no breakers)"),
-    Flag(("--xtc-probability",), "xtc_probability", _S, float, 0.0, commands=GEN,
-         help="XTC: chance to remove the top tokens (0.0: off)"),
-    Flag(("--xtc-threshold",), "xtc_threshold", _S, float, 0.1, commands=GEN,
-         help="XTC: least probability of a removed token (above 0.5: off)"),
-    Flag(("--typical", "--typical-p"), "typical_p", _S, float, 1.0, commands=GEN,
-         help="locally typical sampling p (1.0: off)"),
-    Flag(("--top-nsigma", "--top-n-sigma"), "top_n_sigma", _S, float, -1.0, commands=GEN,
-         help="keep tokens within n standard deviations of the top logit (<= 0: off)"),
-    Flag(("--mirostat",), "mirostat", _S, int, 0, commands=GEN,
-         help="Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the other samplers)"),
-    Flag(("--mirostat-lr",), "mirostat_eta", _S, float, 0.1, commands=GEN,
-         help="Mirostat learning rate eta"),
-    Flag(("--mirostat-ent",), "mirostat_tau", _S, float, 5.0, commands=GEN,
-         help="Mirostat target entropy tau"),
-    Flag(("--dynatemp-range",), "dynatemp_range", _S, float, 0.0, commands=GEN,
-         help="dynamic temperature range (0.0: off)"),
-    Flag(("--dynatemp-exp",), "dynatemp_exponent", _S, float, 1.0, commands=GEN,
-         help="dynamic temperature exponent"),
+    _sampler(("--xtc-probability",), "xtc_probability",
+             help="XTC: chance to remove the top tokens (0.0: off)"),
+    _sampler(("--xtc-threshold",), "xtc_threshold",
+             help="XTC: least probability of a removed token (above 0.5: off)"),
+    _sampler(("--typical", "--typical-p"), "typical_p", help="locally typical sampling p (1.0: off)"),
+    _sampler(("--top-nsigma", "--top-n-sigma"), "top_n_sigma",
+             help="keep tokens within n standard deviations of the top logit (<= 0: off)"),
+    _sampler(("--mirostat",), "mirostat",
+             help="Mirostat: 0 off, 1 Mirostat, 2 Mirostat 2.0 (replaces the other samplers)"),
+    _sampler(("--mirostat-lr",), "mirostat_eta", help="Mirostat learning rate eta"),
+    _sampler(("--mirostat-ent",), "mirostat_tau", help="Mirostat target entropy tau"),
+    _sampler(("--dynatemp-range",), "dynatemp_range", help="dynamic temperature range (0.0: off)"),
+    _sampler(("--dynatemp-exp",), "dynatemp_exponent", help="dynamic temperature exponent"),
     Flag(("--samplers",), "samplers", _S, str, None, commands=GEN,
          help="sampler order, names separated by ';' (default: "
               "penalties;dry;top_n_sigma;top_k;typ_p;top_p;min_p;xtc;temperature)"),
     Flag(("--sampler-seq", "--sampling-seq"), "sampler_seq", _S, str, None, commands=GEN,
          help="sampler order as letters (default: edskypmxt)"),
-    Flag(("--ignore-eos",), "ignore_eos", _S, bool, False, switch=True, commands=GEN,
-         help="generate past end-of-generation tokens (each gets a -inf logit bias)"),
+    _sampler(("--ignore-eos",), "ignore_eos", switch=True,
+             help="generate past end-of-generation tokens (each gets a -inf logit bias)"),
     Flag(("-l", "--logit-bias"), "logit_bias", _S, str, None, commands=GEN, multiple=True,
          join=False, metavar="TOKEN(+|-)BIAS",
          help="add a bias to a token's logit, repeatable: e.g. 15043+1, 15043-inf bans it"),
-    Flag(("-s", "--seed"), "seed", _S, int, -1, commands=GEN, help="RNG seed (-1: random)"),
+    _sampler(("-s", "--seed"), "seed", default=-1, help="RNG seed (-1: random)"),
     Flag(("--grammar",), "grammar", _S, commands=GEN, help="GBNF grammar constraining the output"),
     Flag(("--grammar-file",), "grammar_file", _S, click.Path(dir_okay=False), commands=GEN,
          help="read the GBNF grammar from a file"),
@@ -419,6 +427,13 @@ def settings_fields() -> list[tuple[str, Any, Any]]:
         out.append((f.settings_field, Any if f.parse else py | None,
                     dc_field(default=f.default_for("serve"))))
     return out
+
+
+def sampling_fields() -> dict[str, str]:
+    """{flag dest: SamplingParams field} of the flags that give a field its value as it is
+    (`_sampler`'s); the others (grammar, schema, logit bias, breakers, order) are read by
+    engine/flag_values.py."""
+    return {f.dest: f.field for f in FLAGS if f.target == _S and f.field in SAMPLING_DEFAULTS}
 
 
 def settings_values(kw: dict[str, Any]) -> dict[str, Any]:

@@ -127,7 +127,12 @@ class DecodeCost:
 
     @property
     def coef(self) -> np.ndarray:
-        return np.array([getattr(self, f) for f in COEF_FIELDS])
+        """The coefficients in COEF_FIELDS' order (made once per model; read-only)."""
+        c = self.__dict__.get("_coef")
+        if c is None:
+            c = self.__dict__["_coef"] = np.array([getattr(self, f) for f in COEF_FIELDS])
+            c.flags.writeable = False
+        return c
 
     def with_coef(self, coef: Sequence[float]) -> "DecodeCost":
         """The same layout with other coefficients (in COEF_FIELDS' order)."""
