@@ -190,3 +190,20 @@ def test_generation_only_subtracts_the_prefill_row_and_rounds_print_their_ratios
     assert "spec-off vs llama-server spec-off 0.90x, 1.00x, 1.10x (median 1.00x)" in out
     assert "prompts only (the prefill rows) 1.25x, 1.25x, 1.25x" in out
     assert "prefill" not in out.split("┃ peak RSS")[1].split("1 slot(s)")[0]  # not a table row
+
+
+def test_a_fixed_policy_mode_runs_the_fixed_policy():
+    """A `TYPE:POLICY` row's server is started so that its engine takes POLICY: the default
+    spec type (auto) would turn --draft-policy fixed into the cost policy."""
+    from ngramspec.bench.pipeline import mode_body, policy_args, server_of
+    from ngramspec.server.command import serve
+    from ngramspec.server.settings import from_flags
+    from ngramspec.settings import click_options
+
+    args = policy_args(["-t", "2"], "fixed")
+    values = dict(serve.make_context("serve", args, obj={}).params)
+    click_options.pop_unused(values)
+    spec = from_flags(values).spec
+    assert spec.policy == "fixed" and spec.types == ()
+    assert server_of("ngram-mod:fixed") == "ngramspec:fixed"
+    assert mode_body("ngram-mod:fixed") == {"speculative": {"type": "ngram-mod"}}

@@ -158,9 +158,17 @@ def mode_body(mode: str) -> dict:
 
 def server_of(mode: str) -> str:
     """The starter of an own mode's server: "ngramspec", or "ngramspec:POLICY" for a
-    `TYPE:POLICY` mode (a server started with --draft-policy POLICY)."""
+    `TYPE:POLICY` mode (a server started with `policy_args`)."""
     policy = split_mode(mode)[1]
     return f"ngramspec:{policy}" if policy else "ngramspec"
+
+
+def policy_args(server_args: Sequence[str], policy: str) -> list[str]:
+    """The flags of a `TYPE:POLICY` mode's server: the user's, --draft-policy POLICY, and
+    no spec type of its own (--spec-type none; each request names its type): the default
+    type, auto, always takes the cost policy (`config.spec_config_from_options`), so a
+    server left on it would run `ngram-mod:fixed` with the cost policy."""
+    return [*server_args, "--spec-type", "none", "--draft-policy", policy]
 
 
 def schedule(own_modes: Sequence[str], peer_types: Sequence[str] | None, prompt_checks: bool,
@@ -372,7 +380,7 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
         starters = {"ngramspec": lambda n=n: start_ngramspec(n, threads, slot_ctx, model, server_args)}
         for policy in {split_mode(m)[1] for m in own_types} - {None}:
             starters[f"ngramspec:{policy}"] = lambda n=n, p=policy: start_ngramspec(
-                n, threads, slot_ctx, model, [*server_args, "--draft-policy", p])
+                n, threads, slot_ctx, model, policy_args(server_args, p))
         for t in ["none", *peer_types] if llama_server else []:
             starters[f"llama-server:{t}"] = lambda t=t, n=n: start_llama_server(
                 llama_server, path, t, n, threads, slot_ctx, peer_args)
