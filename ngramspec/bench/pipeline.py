@@ -286,8 +286,9 @@ class PipelineReport:
                  if r.server == "llama-server" and r.slots == slots and r.mode not in NOT_TYPES]
         return max(peers, key=lambda r: r.tok_per_s) if peers else None
 
-    def best_own_fixed(self, slots: int, runs: Sequence[RunResult] | None = None) -> RunResult | None:
-        """ngramspec's fastest fixed spec type at this slot count (not off/auto/oracle)."""
+    def best_own_type(self, slots: int, runs: Sequence[RunResult] | None = None) -> RunResult | None:
+        """ngramspec's fastest single spec type at this slot count (not off/auto/oracle):
+        a `TYPE` row (the cost policy on that one type) or a `TYPE:fixed` one (llama.cpp's)."""
         own = [r for r in (self.runs if runs is None else runs)
                if r.server == "ngramspec" and r.slots == slots
                and r.mode not in NOT_TYPES]
@@ -365,8 +366,8 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
         progress: Callable[[str], None] = lambda s: None, own_types: Sequence[str] = (),
         server_args: Sequence[str] = (), peer_args: Sequence[str] = (),
         rounds: int = 1) -> PipelineReport:
-    """ngramspec (off, auto, each of `own_types` as a fixed type, and the oracle: what
-    perfect drafts give at that slot count) and llama-server (none + each of
+    """ngramspec (off, auto, each of `own_types`: TYPE, the cost policy on that one type, or
+    TYPE:fixed, llama.cpp's lengths; and the oracle: what perfect drafts give at that slot count) and llama-server (none + each of
     `peer_types`) at every slot count, `rounds` interleaved rounds (`schedule`), one
     server runnable at a time; `server_args` and `peer_args` go on their command lines
     (the user's load, -md and spec flags)."""

@@ -1,5 +1,5 @@
 """The tables and lines `bench --parallel` prints from a `pipeline.PipelineReport`: every
-row, then per slot count the default against its spec-off, its best fixed type and
+row, then per slot count the default against its spec-off, its best single type and
 llama-server's best, per round where there were several, and the prompt checks."""
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def _sources_text(sources: dict[str, list[int]]) -> str:
 
 
 def _pipeline_summary(rep, n) -> str:
-    """One slot count's line: the default against its spec-off, the oracle, its best fixed
+    """One slot count's line: the default against its spec-off, the oracle, its best single
     type, llama-server's best, and both servers' peak memory."""
     auto, off = rep.get("ngramspec", "auto", n), rep.get("ngramspec", "off", n)
     line = f"{n} slot(s): default {auto.tok_per_s / off.tok_per_s:.2f}x its spec-off"
@@ -64,9 +64,9 @@ def _pipeline_summary(rep, n) -> str:
     oracle = rep.get("ngramspec", "oracle", n)
     if oracle:
         line += f", {auto.tok_per_s / oracle.tok_per_s:.0%} of the oracle's tok/s"
-    fixed = rep.best_own_fixed(n)
+    fixed = rep.best_own_type(n)
     if fixed:
-        line += f"; vs its best fixed type ({fixed.mode}) {auto.tok_per_s / fixed.tok_per_s:.2f}x"
+        line += f"; vs its best single type ({fixed.mode}) {auto.tok_per_s / fixed.tok_per_s:.2f}x"
     best = rep.best_peer(n)
     if best:
         line += f"; vs llama-server's best ({best.mode}) {auto.tok_per_s / best.tok_per_s:.2f}x"
@@ -104,8 +104,8 @@ def _pipeline_rounds(rep, n) -> str:
                  get(rs, "ngramspec", "prefill"), get(rs, "llama-server", "prefill")),
              "default vs llama-server's best": lambda rs: ratio(
                  get(rs, "ngramspec", "auto"), rep.best_peer(n, rs)),
-             "default vs its best fixed type": lambda rs: ratio(
-                 get(rs, "ngramspec", "auto"), rep.best_own_fixed(n, rs))}
+             "default vs its best single type": lambda rs: ratio(
+                 get(rs, "ngramspec", "auto"), rep.best_own_type(n, rs))}
     parts = []
     for name, fn in pairs.items():
         xs = rep.per_round(n, fn)
