@@ -368,9 +368,9 @@ def run(docs: Sequence[Document], parallel: Sequence[int], n_predict: int, threa
         rounds: int = 1) -> PipelineReport:
     """ngramspec (off, auto, each of `own_types`: TYPE, the cost policy on that one type, or
     TYPE:fixed, llama.cpp's lengths; and the oracle: what perfect drafts give at that slot
-    count) and llama-server (none + each of `peer_types`) at every slot count, `rounds` interleaved rounds (`schedule`), one
-    server runnable at a time; `server_args` and `peer_args` go on their command lines
-    (the user's load, -md and spec flags)."""
+    count) and llama-server (none + each of `peer_types`) at every slot count, `rounds`
+    interleaved rounds (`schedule`), one server runnable at a time; `server_args` and
+    `peer_args` go on their command lines (the user's load, -md and spec flags)."""
     from ..llama.model import default_model_path
 
     if rounds < 1:
