@@ -1,4 +1,5 @@
-/* The drafters' hot loops on the shared hash pool (ngramspec/speculative/pool.py), in C.
+/* The drafters' hot loops on the shared hash pool (ngramspec/speculative/pool.py), in C,
+ * and the decode layouts the planner prices (at the end: `ngs_layout_features`).
  *
  * Invariant: every function computes exactly what pool.py's Python reference computes
  * (tests/test_native_drafting.py compares them on random histories): the n-gram hash
@@ -113,4 +114,106 @@ int64_t ngs_index_find(uint64_t *table, int shift, uint64_t salt, const int32_t 
         state[0] = stop;
     }
     return ngs_find(table, shift, salt, hist, L, last, n, hash_out);
+}
+
+/* ---------------------------------------------------------------- decode layouts
+ * The features the planner prices a decode by (speculative/cost.py `_fixed_features`), for
+ * a context with one KV stream per sequence: llama/ubatch.py's `layout` (U1 padding,
+ * llama.cpp's split_equal, the logit rows of each ubatch, the ragged counts evened out
+ * with padding rows) computed as ubatch.py computes it (tests/test_native_drafting.py
+ * compares them on random decodes). The planner meets thousands of layouts a run it has
+ * not seen; in Python each costs ~30 us, here about one. */
+
+#define NGS_MAX_ENTRIES 64
+#define NGS_MAX_UBATCHES 1024
+
+typedef struct { int first, end, take; } ngs_ub;  /* entries [first, end) take `take` each */
+
+/* split_equal (ubatch.py) of lengths len[0..m) (entries with 0 tokens skipped) for seq
+ * ids ids[]; the ubatches into ub, returns their count, or -1 past NGS_MAX_UBATCHES. */
+static int ngs_split_equal(const int32_t *ids, const int64_t *len, int m, int n_ubatch,
+                           ngs_ub *ub) {
+    int64_t rem[NGS_MAX_ENTRIES];
+    int n = 0, first = 0;
+    for (int i = 0; i < m; ++i) rem[i] = len[i];
+    for (;;) {
+        while (first < m && rem[first] <= 0) ++first;
+        if (first == m) return n;
+        if (n == NGS_MAX_UBATCHES) return -1;
+        int end = first + 1;
+        int64_t take = rem[first];
+        while (end < m && rem[end] > 0 && ids[end] == ids[end - 1] + 1 && end - first <= n_ubatch) {
+            if (rem[end] < take) take = rem[end];
+            ++end;
+        }
+        const int64_t cap = n_ubatch / (end - first) > 1 ? n_ubatch / (end - first) : 1;
+        if (take > cap) take = cap;
+        for (int j = first; j < end; ++j) rem[j] -= take;
+        ub[n++] = (ngs_ub){first, end, (int)take};
+    }
+}
+
+/* x[6] = (ubatches, tokens with padding, logit rows, 0, ragged ubatches, multi-row
+ * ubatches) and padded[m] of a decode of m entries e[3 i .. 3 i + 2] = (seq id, tokens,
+ * logit rows), ascending ids, one KV stream per sequence; `pad`: batch-invariant padding,
+ * `lone_ok`: no U1 padding. Returns 0, or -1 where it does not apply (then the Python
+ * layout answers). */
+int ngs_layout_features(const int32_t *e, int m, int n_ubatch, int pad, int quantum,
+                        int lone_ok, double *x, int32_t *padded) {
+    ngs_ub ub[NGS_MAX_UBATCHES];
+    int32_t ids[NGS_MAX_ENTRIES], n_tok[NGS_MAX_ENTRIES], n_log[NGS_MAX_ENTRIES];
+    int64_t len[NGS_MAX_ENTRIES], pads[NGS_MAX_ENTRIES] = {0}, pad_log[NGS_MAX_ENTRIES] = {0};
+    int64_t logits[NGS_MAX_UBATCHES];
+    if (m <= 0 || m > NGS_MAX_ENTRIES || n_ubatch <= 0) return -1;
+    for (int i = 0; i < m; ++i) {
+        ids[i] = e[3 * i]; n_tok[i] = e[3 * i + 1]; n_log[i] = e[3 * i + 2];
+        if (n_tok[i] <= 0) return -1;
+    }
+    int nub = -1;
+    for (int round = 0; round <= m; ++round) {  /* pads_needed: no ubatch of one token */
+        for (int i = 0; i < m; ++i) len[i] = n_tok[i] + pads[i];
+        nub = ngs_split_equal(ids, len, m, n_ubatch, ub);
+        if (nub < 0) return -1;
+        if (!pad || lone_ok) break;
+        int lone = -1;
+        for (int u = 0; u < nub && lone < 0; ++u)
+            if (ub[u].end - ub[u].first == 1 && ub[u].take == 1) lone = ub[u].first;
+        if (lone < 0) break;
+        if (round == m) return -1;  /* did not converge: ubatch.py raises */
+        pads[lone] += 1;
+    }
+    int64_t cursor[NGS_MAX_ENTRIES] = {0};
+    for (int u = 0; u < nub; ++u) {  /* _logits_per_ubatch (no pad row has a logit yet) */
+        int64_t count = 0;
+        for (int j = ub[u].first; j < ub[u].end; ++j) {
+            const int64_t a = cursor[j], b = cursor[j] + ub[u].take, n = n_tok[j];
+            const int64_t lo = a > n - n_log[j] ? a : n - n_log[j], hi = b < n ? b : n;
+            if (hi > lo) count += hi - lo;
+            cursor[j] = b;
+        }
+        logits[u] = count;
+    }
+    for (int u = 0; pad && u < nub; ++u) {  /* ragged counts take padding rows' logits */
+        int64_t start[NGS_MAX_ENTRIES] = {0};  /* tokens of each entry before ubatch u */
+        for (int v = 0; v < u; ++v)
+            for (int j = ub[v].first; j < ub[v].end; ++j) start[j] += ub[v].take;
+        while (logits[u] > quantum && logits[u] % quantum != 0) {
+            int s = -1;
+            for (int j = ub[u].first; j < ub[u].end && s < 0; ++j)
+                if (pads[j] > pad_log[j] && start[j] + ub[u].take > n_tok[j]) s = j;
+            if (s < 0) break;
+            pad_log[s] += 1;
+            logits[u] += 1;
+        }
+    }
+    int64_t tokens = 0, rows = 0, odd = 0, multi = 0;
+    for (int i = 0; i < m; ++i) { padded[i] = (int32_t)(n_tok[i] + pads[i]); tokens += padded[i]; }
+    for (int u = 0; u < nub; ++u) {
+        rows += logits[u];
+        odd += logits[u] > quantum && logits[u] % quantum != 0;
+        multi += logits[u] >= 2;
+    }
+    x[0] = nub; x[1] = (double)tokens; x[2] = (double)rows; x[3] = 0.0;
+    x[4] = (double)odd; x[5] = (double)multi;
+    return 0;
 }
