@@ -22,9 +22,10 @@ SERVE = frozenset({"serve"})
 class Flag:
     """One flag. `names`: every spelling (first long name is canonical); `neg`: the
     spellings that turn an on/off flag off; `switch`: takes no value; `field`: the
-    ServerSettings field, or a sampling flag's SamplingParams field (default: dest); `parse`: str -> value, applied by click and
-    by ServerSettings; `defaults`: per-command default overrides; `note`: the warning
-    printed when the flag is given and `warn(value)` holds."""
+    ServerSettings field, or a sampling flag's SamplingParams field (default: dest);
+    `parse`: str -> value, applied by click and by ServerSettings; `defaults`: per-command
+    default overrides; `note`: the warning printed when the flag is given and
+    `warn(value)` holds."""
 
     names: tuple[str, ...]
     dest: str

@@ -54,16 +54,18 @@ _M, _S, _R, _V = "model", "sampling", "request", "server"
 
 #: SamplingParams' fields and their defaults: the sampling flags' types and defaults
 SAMPLING_DEFAULTS = {f.name: f.default for f in dc_fields(SamplingParams)}
+_FIELDS_OWN = object()  # `_sampler`'s default: the field's own
 
 
 def _sampler(names: tuple[str, ...], field: str, dest: str | None = None, *,
-             default: Any = SAMPLING_DEFAULTS, help: str, **kw) -> Flag:
+             default: Any = _FIELDS_OWN, help: str, **kw) -> Flag:
     """The flag of SamplingParams.<field>: typed and defaulted as the field is (`default`
     only where llama.cpp's command line differs: --temp 0.8, --seed -1); its value goes
     to that field (`sampling_fields`), its range is SamplingParams' (`sampling.RANGES`)."""
-    value = SAMPLING_DEFAULTS[field] if default is SAMPLING_DEFAULTS else default
+    value = SAMPLING_DEFAULTS[field] if default is _FIELDS_OWN else default
     return Flag(names, dest or field, _S, type(SAMPLING_DEFAULTS[field]), value, help=help,
                 commands=GEN, field=field, **kw)
+
 
 _FLAGS: list[Flag] = [
     # model and context

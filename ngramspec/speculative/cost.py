@@ -24,6 +24,7 @@ import ctypes as C
 import functools
 import json
 import os
+import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -71,9 +72,9 @@ def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: b
         x = np.array([n_dec, rows, rows, 0.0, 0, n_dec if fixed_rows > 1 else 0])
         x.flags.writeable = False
         return x, (0,) * len(entries)
-    native = _native_features(entries, n_ubatch, pad, quantum, lone_ok) if per_seq_streams else None
-    if native is not None:
-        return native
+    fast = _native_features(entries, n_ubatch, pad, quantum, lone_ok) if per_seq_streams else None
+    if fast is not None:
+        return fast
     lay = ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
                         lone_ok=lone_ok)
     padded = tuple(n + lay.pads.get(s, 0) for s, n, _ in entries)
@@ -87,14 +88,19 @@ def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: b
 def _native_features(entries: tuple, n_ubatch: int, pad: bool, quantum: int,
                      lone_ok: bool) -> tuple[np.ndarray, tuple[int, ...]] | None:
     """`_fixed_features` of a context with one KV stream per sequence, by the C port of
-    `ubatch.layout` (native/drafting.c `ngs_layout_features`: the same features, ~2 us
-    instead of ~30, through buffers made once); None without the C library or where it
-    does not apply (more than _NATIVE_MAX entries: ubatch.py answers)."""
+    `ubatch.layout` (native/drafting.c `ngs_layout_features`: the same features, ~6 us
+    through ctypes instead of ~26, hot), through buffers made once per thread (the call
+    releases the GIL); None without the C library or where it does not apply (more than
+    _NATIVE_MAX entries, or padding that cannot keep a ubatch invariant: ubatch.py answers)."""
     lib = native.kernel()
     m = len(entries)
     if lib is None or m > _NATIVE_MAX:
         return None
-    e, x, padded = _NATIVE_BUFFERS
+    bufs = getattr(_NATIVE, "buffers", None)
+    if bufs is None:  # entries (seq id, tokens, logit rows), features, padded
+        bufs = _NATIVE.buffers = ((C.c_int32 * (3 * _NATIVE_MAX))(), (C.c_double * 6)(),
+                                  (C.c_int32 * _NATIVE_MAX)())
+    e, x, padded = bufs
     e[:3 * m] = [v for entry in entries for v in entry]
     if lib.ngs_layout_features(e, m, n_ubatch, pad, quantum, lone_ok, x, padded) != 0:
         return None
@@ -104,9 +110,7 @@ def _native_features(entries: tuple, n_ubatch: int, pad: bool, quantum: int,
 
 
 _NATIVE_MAX = 64  # entries native/drafting.c lays out (NGS_MAX_ENTRIES)
-#: `_native_features`' arguments: entries (seq id, tokens, logit rows), features, padded
-_NATIVE_BUFFERS = ((C.c_int32 * (3 * _NATIVE_MAX))(), (C.c_double * 6)(),
-                   (C.c_int32 * _NATIVE_MAX)())
+_NATIVE = threading.local()  # `_native_features`' buffers
 
 
 @functools.lru_cache(maxsize=64)

@@ -122,7 +122,7 @@ int64_t ngs_index_find(uint64_t *table, int shift, uint64_t salt, const int32_t 
  * llama.cpp's split_equal, the logit rows of each ubatch, the ragged counts evened out
  * with padding rows) computed as ubatch.py computes it (tests/test_native_drafting.py
  * compares them on random decodes). The planner meets thousands of layouts a run it has
- * not seen; in Python each costs ~30 us, here about one. */
+ * not seen; in Python each costs ~26 us, here ~6 us with the ctypes call (hot). */
 
 #define NGS_MAX_ENTRIES 64
 #define NGS_MAX_UBATCHES 1024
