@@ -436,3 +436,21 @@ def test_bench_parallel_passes_load_spec_and_draft_flags_to_both_servers(monkeyp
             "--spec-ngram-size-n", "8"]
     assert sorted(seen["peer"]) == sorted(want)
     assert sorted(seen["server"]) == sorted(want + ["--draft-policy", "fixed"])
+
+
+def test_draft_policy_fixed_is_kept_with_auto():
+    """`serve --draft-policy fixed` on the default type auto runs llama.cpp's chain of
+    auto's drafters (it used to run the cost policy without a word); auto alone, or with
+    the default --draft-policy, takes the cost policy."""
+    from ngramspec.speculative.drafters.chain import AUTO_CANDIDATES, DrafterChain
+
+    def spec(*args):
+        v = parse(*args)
+        click_options.pop_unused(v)
+        return from_flags(v).spec
+
+    fixed = spec("--draft-policy", "fixed")
+    assert fixed.types == ("auto",) and fixed.policy == "fixed"
+    assert [d.name for d in DrafterChain(fixed).drafters] == [k[2] for k in AUTO_CANDIDATES]
+    assert spec().policy == "cost" and spec("--spec-type", "auto").policy == "cost"
+    assert spec("--spec-type", "ngram-mod", "--draft-policy", "fixed").policy == "fixed"

@@ -338,6 +338,8 @@ def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
 
     None values mean "not given". Generic options are applied before per-type ones,
     so `--spec-ngram-size-n 8 --spec-ngram-map-k-size-n 4` gives map-k n=4, others 8.
+    auto takes the cost policy unless `policy` is "fixed": then llama.cpp's chain of auto's
+    drafters (the first that drafts, at its own length), as the flag asks.
     """
     known = {o.dest: o for o in SPEC_OPTIONS}
     unknown = set(options) - set(known)
@@ -368,6 +370,6 @@ def spec_config_from_options(spec_type: str | Sequence[str] | None = None,
         kwargs["pool_bytes"] = pool_bytes
     if policy is not None:
         kwargs["policy"] = policy
-    if kwargs.get("types") == (AUTO,):
+    if kwargs.get("types") == (AUTO,) and policy != "fixed":
         kwargs["policy"] = "cost"
     return SpecConfig(**kwargs)

@@ -287,7 +287,8 @@ _FLAGS += [
          help="shared hash pool size in MiB, a power of two (default: 16)"),
     Flag(("--draft-policy",), "draft_policy", "spec", click.Choice(["cost", "fixed"]), "cost",
          commands=_SPEC_CMDS, defaults=(("replay", "fixed"),),
-         help="cost: draft lengths from measured verify cost and acceptance; fixed: llama.cpp's"),
+         help="cost: draft lengths from measured verify cost and acceptance; fixed: llama.cpp's "
+              "(with auto: llama.cpp's chain of auto's drafters)"),
 ] + [Flag(o.flags, o.dest, "spec", int, None, commands=_SPEC_CMDS, help=o.help)
      for o in SPEC_OPTIONS]
 
