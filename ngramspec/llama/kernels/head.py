@@ -100,7 +100,6 @@ class Hook:
         self.weight: tuple[int, int] | None = None  # (data pointer, rows)
         self.active = self._checking = False
         self.one_row = True  # one-row decodes take ours too (`choose_one_row`)
-        self.scope = "own"  # the cost key's name for what it takes ("2+ rows": not one row)
         self.one_row_ms: tuple[float, float] | None = None  # (ours, llama.cpp's) one-row decode
         self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
         self.tops: dict[int, int] = {}  # the last armed decode's argmax by batch index
@@ -264,7 +263,12 @@ class Hook:
         ours, theirs = (float(np.median(times[m][1:])) * 1e3 for m in (True, False))
         self.one_row_ms = (ours, theirs)
         self.one_row = not same or ours <= theirs
-        self.scope = "own" if self.one_row else "2+ rows"
+
+    @property
+    def scope(self) -> str:
+        """The cost key's name for what it takes: "own", or "2+ rows" where one-row
+        decodes take llama.cpp's (`choose_one_row`)."""
+        return "own" if self.one_row else "2+ rows"
 
 
 @functools.lru_cache(maxsize=4096)
