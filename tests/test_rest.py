@@ -126,7 +126,7 @@ def test_an_idle_policy_asks_only_a_prediction_for_proposals(auto_engine, monkey
     plain, _ = _run(eng, prompt, 48, speculative=False)
     resting = _Resting()
     monkeypatch.setattr(CostPolicy, "rest_of", lambda self, seq_id: resting)
-    monkeypatch.setattr(DrafterChain, "watch", lambda *a: False)
+    monkeypatch.setattr(DrafterChain, "watch", lambda *a: [])
     monkeypatch.setattr(Speculation, "copying", property(lambda self: False,  # no copy followed
                                                          lambda self, value: None), raising=False)
     asked = []

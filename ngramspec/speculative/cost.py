@@ -121,6 +121,19 @@ def _alone_features(*layout) -> tuple[np.ndarray, np.ndarray]:
     return np.array([x for x, _ in rows]), np.array([float(p[0]) for _, p in rows])
 
 
+@functools.lru_cache(maxsize=1024)
+def _among_features(entries: tuple, i: int, *layout) -> tuple[np.ndarray, np.ndarray]:
+    """(features, every entry's tokens with padding) of the decode of `entries` where
+    entry i verifies K more tokens, each with its logit row, K = 0..MAX_DRAFT, the others
+    as given (`DecodeCost.among`); read-only."""
+    sid, n, m = entries[i]
+    rows = [_fixed_features(entries[:i] + ((sid, n + k, m + k),) + entries[i + 1:], *layout)
+            for k in range(MAX_DRAFT + 1)]
+    x, padded = np.array([x for x, _ in rows]), np.array([p for _, p in rows], dtype=float)
+    x.flags.writeable = padded.flags.writeable = False
+    return x, padded
+
+
 @dataclass(frozen=True)
 class DecodeCost:
     """Seconds of one llama_decode, from the ubatches llama.cpp splits it into."""
@@ -202,6 +215,22 @@ class DecodeCost:
             slope = float(np.min((sec[1:] - sec[0]) / np.arange(1, len(sec))))
             hit = memo["alone"] = (sec, tok, max(slope, 0.0))
         return hit
+
+    def among(self, entries: tuple, i: int, kvs: Sequence[int]) -> np.ndarray:
+        """Seconds of the decode of `entries` (as `price`) where entry i verifies K more
+        tokens, each with its logit row, K = 0..MAX_DRAFT, the others as given: every
+        length of one sequence's draft priced at once (the planner's bound, planner.py).
+        The layouts are remembered across models, their seconds per model."""
+        memo = self.__dict__.setdefault("_memo", {})
+        key = ("among", entries, i)
+        hit = memo.get(key)
+        if hit is None:
+            x, padded = _among_features(entries, i, self.n_ubatch, self.per_seq_streams,
+                                        self.pad, self.logit_quantum, self.lone_ok,
+                                        self.fixed_rows)
+            hit = memo[key] = (x @ self.coef, padded)
+        sec, padded = hit
+        return sec + padded @ np.asarray(kvs, dtype=float) * (self.per_kv / 1000.0)
 
     def t(self, n: int, n_kv: int = 0) -> float:
         """One sequence verifying n tokens (all logits)."""

@@ -52,8 +52,10 @@ class DraftPolicy(Protocol):
         """Whether sequence seq_id proposes (rest.py), or None: it always does
         (Speculation.proposes)."""
 
-    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                room: int) -> DraftOptions: ...
+    def options(self, sp: Speculation, history: np.ndarray, sampled: int, room: int,
+                found: list | None = None) -> DraftOptions:
+        """What `sp` could verify this step: the chain's proposals, or `found` where the
+        step's proposals were already made (the chain's watch, Speculation._watched)."""
 
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
              total_max: int) -> list[int]:
@@ -81,9 +83,11 @@ class FixedPolicy:
     def rest_of(self, seq_id: int) -> Rest | None:
         return None
 
-    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                room: int) -> DraftOptions:
-        found = sp.chain.propose(sp.seq_id, history, sampled, room, first_only=True, extra=sp.own)
+    def options(self, sp: Speculation, history: np.ndarray, sampled: int, room: int,
+                found: list | None = None) -> DraftOptions:
+        if found is None:
+            found = sp.chain.propose(sp.seq_id, history, sampled, room, first_only=True,
+                                     extra=sp.own)
         return DraftOptions(proposals=found) if found else NO_OPTIONS
 
     def plan(self, options: Sequence[DraftOptions], base: Sequence[Shape], per_seq_max: int,
@@ -222,10 +226,11 @@ class CostPolicy:
         self._global(_state_key(sp, drafter)).update(offered, accepted)
 
     @_timed
-    def options(self, sp: Speculation, history: np.ndarray, sampled: int,
-                room: int) -> DraftOptions:
-        props = sp.chain.propose(sp.seq_id, history, sampled, min(room, MAX_DRAFT),
-                                 first_only=not self.compare_all, extra=sp.own)
+    def options(self, sp: Speculation, history: np.ndarray, sampled: int, room: int,
+                found: list | None = None) -> DraftOptions:
+        props = found if found is not None else sp.chain.propose(
+            sp.seq_id, history, sampled, min(room, MAX_DRAFT), first_only=not self.compare_all,
+            extra=sp.own)
         if props and sp.budget is not None:  # a request's prediction: its record's credit
             cap = sp.budget.cap(self.cost)
             props = [p for p in ((d, dr[:cap] if d in sp.own else dr) for d, dr in props)

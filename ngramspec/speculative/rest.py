@@ -19,9 +19,11 @@ which saved is still below host doubles the wait before the next one (up to MAX_
 steps), a trial that pays resets it. Between active steps a copy would be seen only a
 period late, so each resting step still pays one lookup per sequence (its chain's watch:
 the drafter keyed on the most tokens, `DrafterChain.watch`); where it matches, that
-sequence proposes and the step is measured as an active one (`wake`), so a draft
-accepted whole there starts a trial as well; not during the wait after a failed trial
-(`watching`), where it would only start the trial that failed.
+sequence proposes the watch's draft alone (the other drafters are not asked: at 4 slots
+of the 4-block model the planner declined 690 of 703 such wakes, each of which had asked
+all four) and the step is measured as an active one (`wake`), so a draft accepted whole
+there starts a trial as well; not during the wait after a failed trial (`watching`),
+where it would only start the trial that failed.
 
 Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
 copies its input keeps drafting while the others rest, and a resting sequence that follows

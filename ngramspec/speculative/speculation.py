@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from .acceptance import AcceptanceStats
+from .cost import MAX_DRAFT
 from .drafters import EMPTY, DrafterChain
 from .own_budget import OwnBudget
 
@@ -79,27 +80,35 @@ class Speculation:
         for d in self.own:
             d.begin(self.seq_id, prompt)
 
-    def proposes(self, history: np.ndarray, sampled: int) -> bool:
-        """Whether this step asks for proposals: unless the policy rests this sequence
-        (`policy.rest_of`, rest.py), where only one with drafters of its own (a
-        prediction) does, one that is following a copy (`copying`: its last draft was
-        accepted whole), or, while its Rest is `watching`, one whose chain's watch sees a
-        copy begin (`DrafterChain.watch`: one lookup); the step then counts as an active
-        one (`Rest.wake`)."""
+    def _watched(self, history: np.ndarray, sampled: int, room: int) -> list | None:
+        """None where this step asks the policy for proposals in full: unless the policy
+        rests this sequence (`policy.rest_of`, rest.py), where only one with drafters of its
+        own (a prediction) does, or one that is following a copy (`copying`: its last draft
+        was accepted whole). Otherwise, while its Rest is `watching`, the chain's watch
+        (`DrafterChain.watch`: one lookup): its proposal, the step's only one, and the step
+        then counts as an active one (`Rest.wake`); [] where it finds nothing (the step
+        proposes nothing)."""
         rest = self.policy.rest_of(self.seq_id)
         if rest is None or rest.active or self.own:
-            return True
-        if self.copying or (rest.watching and self.chain.watch(self.seq_id, history, sampled)):
+            return None
+        if self.copying:
             rest.wake()
-            return True
-        return False
+            return None
+        found = (self.chain.watch(self.seq_id, history, sampled, min(room, MAX_DRAFT))
+                 if rest.watching else [])
+        if found:
+            rest.wake()
+        return found
 
     def plan(self, history: np.ndarray, sampled: int, room: int) -> DraftOptions:
         """Proposals for this step and their expected tokens (nothing committed yet);
-        NO_OPTIONS without room or when this step does not propose (`proposes`)."""
+        NO_OPTIONS without room or when this step proposes nothing (`_watched`)."""
         self.committed = None
-        self.options = (self.policy.options(self, history, sampled, room)
-                        if room > 0 and self.proposes(history, sampled) else NO_OPTIONS)
+        self.options = NO_OPTIONS
+        if room > 0:
+            found = self._watched(history, sampled, room)
+            if found is None or found:
+                self.options = self.policy.options(self, history, sampled, room, found)
         return self.options
 
     def commit(self, k: int) -> np.ndarray:

@@ -100,14 +100,18 @@ class DrafterChain:
         self._min = max(config.draft_min, 1)
         self._watcher = watcher(self.drafters)
 
-    def watch(self, seq_id: int, history: np.ndarray, sampled: int) -> bool:
-        """Whether the chain's watcher (`watcher`) drafts at least draft_min tokens here:
-        the one lookup a step pays while a policy rests (rest.py), to see a copy begin.
-        Counted as a call of that drafter; nothing is proposed or committed."""
+    def watch(self, seq_id: int, history: np.ndarray, sampled: int,
+              max_len: int) -> list[tuple[Drafter, np.ndarray]]:
+        """The chain's watcher's (`watcher`) proposal as `propose` makes it ([] where it
+        drafts fewer than draft_min tokens): the one lookup a step pays while a policy rests
+        (rest.py), to see a copy begin; where it matches, the step's only proposal (the
+        other drafters are not asked). Counted as a call of that drafter and, where it
+        drafts, as its proposal; nothing is committed."""
         d = self._watcher
-        if d is None or self._cap < self._min:
-            return False
-        return len(self._draft(d, seq_id, history, sampled, self._min)[0]) >= self._min
+        self._last[seq_id] = None
+        if d is None:
+            return []
+        return self._ask((d,), seq_id, history, sampled, max_len, True)
 
     def _draft(self, d: Drafter, seq_id: int, history: np.ndarray, sampled: int,
                max_len: int) -> tuple[np.ndarray, DrafterStats]:
@@ -135,11 +139,17 @@ class DrafterChain:
         draft_min long. With first_only, stop at the first such draft (llama.cpp's
         chain). Nothing is committed yet."""
         self._last[seq_id] = None
+        return self._ask((*extra, *self.drafters), seq_id, history, sampled, max_len, first_only)
+
+    def _ask(self, drafters: Sequence[Drafter], seq_id: int, history: np.ndarray, sampled: int,
+             max_len: int, first_only: bool) -> list[tuple[Drafter, np.ndarray]]:
+        """`propose`'s loop over `drafters`: each draft cut to min(max_len, draft_max),
+        kept (and counted as a proposal) where at least draft_min long."""
         max_len = min(max_len, self._cap)
         out: list[tuple[Drafter, np.ndarray]] = []
         if max_len < self._min:
             return out
-        for d in (*extra, *self.drafters):
+        for d in drafters:
             draft, st = self._draft(d, seq_id, history, sampled, max_len)
             if len(draft) >= self._min:
                 out.append((d, draft[:max_len]))
