@@ -152,3 +152,25 @@ def test_decode_layouts_are_ubatch_pys():
         assert got is not None and got[0].tolist() == want[0] and got[1] == want[1], (entries, args)
         compared += 1
     assert compared > 5000
+
+
+def test_expected_tokens_in_c_equal_numpys(monkeypatch):
+    """drafting.c's `ngs_expected` gives AcceptanceStats.expected_tokens the numpy
+    reference's values exactly, on random histories of verified drafts (decays, the
+    fold of the scale, drafts longer than the positions kept)."""
+    from ngramspec.speculative.acceptance import AcceptanceStats
+
+    rng = np.random.default_rng(11)
+    for trial in range(200):
+        decay = float(rng.choice([0.5, 0.97, 0.995, 1.0]))
+        c = AcceptanceStats(decay=decay)
+        monkeypatch.setenv(native.ENV, "0")
+        py = AcceptanceStats(decay=decay)
+        monkeypatch.delenv(native.ENV)
+        assert c._lib is not None and py._lib is None
+        for _ in range(int(rng.integers(0, 400 if decay == 0.5 else 60))):
+            k = int(rng.integers(1, 80))
+            n = int(rng.integers(0, k + 1)) if rng.random() < 0.6 else k
+            c.update(k, n)
+            py.update(k, n)
+        assert np.array_equal(c.expected_tokens(), py.expected_tokens())

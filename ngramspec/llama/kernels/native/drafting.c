@@ -12,6 +12,7 @@
 #define NGS_P 6364136223846793005ULL
 #define NGS_GOLD 0x9E3779B97F4A7C15ULL
 #define NGS_LOW32 0xFFFFFFFFULL
+#define NGS_MAX_DRAFT 64  /* positions AcceptanceStats keeps (cost.MAX_DRAFT) */
 
 static inline uint64_t ngs_mix(uint64_t h, uint64_t salt) { return (h ^ salt) * NGS_GOLD; }
 static inline uint64_t ngs_tag(uint64_t x) { return ((x >> 8) & NGS_LOW32) | 1ULL; }
@@ -216,4 +217,22 @@ int ngs_layout_features(const int32_t *e, int m, int n_ubatch, int pad, int quan
     x[0] = nub; x[1] = (double)tokens; x[2] = (double)rows; x[3] = 0.0;
     x[4] = (double)odd; x[5] = (double)multi;
     return 0;
+}
+
+/* AcceptanceStats.expected_tokens (speculative/acceptance.py): out[K] = E[tokens | K] for
+ * K = 0..n-1 (n <= m + 1) from decayed counts kept as differences, last position first
+ * (counts[i] = dacc[0] + .. + dacc[m - 1 - i]); p_i = (acc_i + prior) / (off_i + sw),
+ * out[0] = 1, out[K] = out[K - 1] + p_0 .. p_{K-1}: the numpy reference's operations in
+ * its order (the same values). */
+void ngs_expected(const double *dacc, const double *doff, int m, double sw, double prior,
+                  double *out, int n) {
+    double acc[NGS_MAX_DRAFT], off[NGS_MAX_DRAFT], a = 0.0, o = 0.0, prod = 1.0;
+    if (m > NGS_MAX_DRAFT) m = NGS_MAX_DRAFT;
+    for (int j = 0; j < m; ++j) { a += dacc[j]; o += doff[j]; acc[j] = a; off[j] = o; }
+    const int top = n - 1 < m ? n - 1 : m;
+    out[0] = 1.0;
+    for (int i = 0; i < top; ++i) {
+        prod *= (acc[m - 1 - i] + prior) / (off[m - 1 - i] + sw);
+        out[i + 1] = out[i] + prod;
+    }
 }
