@@ -195,7 +195,7 @@ def test_among_prices_every_length_of_one_sequence_as_price_does():
     for cost in (CPU4, DecodeCost(0.0016, 0.0002, 0.00035, per_kv=0.0003, per_multi=0.0009,
                                   per_odd=0.0002, per_seq_streams=True, lone_ok=True)):
         for i in range(len(entries)):
-            t = cost.among(entries, i, kvs)
+            t = cost.among(entries, i, np.array(kvs, dtype=float))
             for k in (0, 1, 2, 7, 31, 64):
                 e = entries[:i] + ((entries[i][0], 1 + k, 1 + k),) + entries[i + 1:]
                 assert abs(t[k] - cost.price(e, kvs)) < 1e-12

@@ -123,9 +123,9 @@ def _alone_features(*layout) -> tuple[np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=1024)
 def _among_features(entries: tuple, i: int, *layout) -> tuple[np.ndarray, np.ndarray]:
-    """(features, every entry's tokens with padding) of the decode of `entries` where
-    entry i verifies K more tokens, each with its logit row, K = 0..MAX_DRAFT, the others
-    as given (`DecodeCost.among`); read-only."""
+    """(features [K], every entry's tokens with padding [K, j]) of the decodes of
+    `entries` where entry i verifies K more tokens, each with its logit row, K =
+    0..MAX_DRAFT, the others as given (`DecodeCost.among`); read-only."""
     sid, n, m = entries[i]
     rows = [_fixed_features(entries[:i] + ((sid, n + k, m + k),) + entries[i + 1:], *layout)
             for k in range(MAX_DRAFT + 1)]
@@ -216,11 +216,12 @@ class DecodeCost:
             hit = memo["alone"] = (sec, tok, max(slope, 0.0))
         return hit
 
-    def among(self, entries: tuple, i: int, kvs: Sequence[int]) -> np.ndarray:
-        """Seconds of the decode of `entries` (as `price`) where entry i verifies K more
-        tokens, each with its logit row, K = 0..MAX_DRAFT, the others as given: every
-        length of one sequence's draft priced at once (the planner's bound, planner.py).
-        The layouts are remembered across models, their seconds per model."""
+    def among(self, entries: tuple, i: int, kvs: np.ndarray) -> np.ndarray:
+        """Seconds [K] of the decode of `entries` (as `price`; `kvs` its streams' cells as
+        floats) where entry i verifies K more tokens, each with its logit row, K =
+        0..MAX_DRAFT, the others as given: every length of one sequence's draft priced in
+        one product (the planner's check, planner.py). The layouts are remembered across
+        models, their seconds per model."""
         memo = self.__dict__.setdefault("_memo", {})
         key = ("among", entries, i)
         hit = memo.get(key)
@@ -228,9 +229,9 @@ class DecodeCost:
             x, padded = _among_features(entries, i, self.n_ubatch, self.per_seq_streams,
                                         self.pad, self.logit_quantum, self.lone_ok,
                                         self.fixed_rows)
-            hit = memo[key] = (x @ self.coef, padded)
-        sec, padded = hit
-        return sec + padded @ np.asarray(kvs, dtype=float) * (self.per_kv / 1000.0)
+            hit = memo[key] = (x @ self.coef, padded * (self.per_kv / 1000.0))
+        sec, kv_cost = hit
+        return sec + kv_cost @ kvs
 
     def t(self, n: int, n_kv: int = 0) -> float:
         """One sequence verifying n tokens (all logits)."""

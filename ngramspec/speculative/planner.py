@@ -88,8 +88,8 @@ def _best_alone(e: np.ndarray, cost: DecodeCost, n_kv: int, cap: int) -> int:
 
 def _raises_alone(e: np.ndarray, t: np.ndarray, rest: float, cap: int, plain: float) -> bool:
     """Whether some draft length 1..cap of one sequence, the others drafting nothing, beats
-    the plain rate: (rest + E[K]) / t[K] > plain, with t = `DecodeCost.among` (every
-    length priced at once) and rest the others' expected tokens."""
+    the plain rate: (rest + E[K]) / t[K] > plain, with t its row of `DecodeCost.among`
+    (every length priced at once) and rest the others' expected tokens."""
     k = min(cap, len(e) - 1)
     return k > 0 and float(np.max((rest + e[1:k + 1]) / t[1:k + 1])) > plain
 
@@ -124,8 +124,8 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
     slope = cost.alone()[2]
     active = [i for i, c in enumerate(caps)
               if c > 0 and options[i].expected[1] - options[i].expected[0] > plain * slope]
-    entries = tuple((b.seq_id, b.n_tokens, b.n_logits) for b in base)
-    if not any(_raises_alone(options[i].expected, cost.among(entries, i, kvs), total - gain[i],
+    entries, cells = tuple((b.seq_id, b.n_tokens, b.n_logits) for b in base), np.array(kvs, float)
+    if not any(_raises_alone(options[i].expected, cost.among(entries, i, cells), total - gain[i],
                              min(caps[i], budget), plain) for i in active):
         return ks  # the ascent's first move is one sequence's alone: none raises the rate
     own = {i: {0, caps[i], _best_alone(options[i].expected, cost, base[i].n_kv, caps[i])}
