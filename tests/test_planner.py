@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ngramspec import NgramMapParams, SpecConfig
 from ngramspec.speculative.acceptance import AcceptanceStats, best_length
@@ -225,3 +226,35 @@ def test_search_skipped_where_no_single_draft_pays_plans_what_the_search_plans(m
                 assert plan(o, b, cost, 64, 512) == got
             declined += not any(got)
     assert declined > 50
+
+
+def test_search_in_c_plans_what_the_python_search_plans():
+    """drafting.c's `ngs_ascend` (the search where the context has one KV stream per
+    sequence) gives `_ascend`'s lengths exactly on random batches: padded or not, lone
+    tokens padded or not, logit quanta 1 and 2, small ubatches, budgets and trust."""
+    from ngramspec.speculative import native
+    from ngramspec.speculative.planner import _ascend, _native_ascend
+
+    if native.kernel() is None:
+        pytest.skip(f"no C drafting here: {native.reason()}")
+    rng = np.random.default_rng(9)
+    n_plans = drafted = 0
+    for pad, lone_ok, quantum, n_ubatch in ((True, True, 2, 512), (True, False, 2, 16),
+                                            (False, False, 1, 512), (True, False, 1, 8)):
+        cost = DecodeCost(0.002, 0.004, 0.0003, per_kv=0.00001, per_odd=0.0001,
+                          per_multi=0.0006, per_seq_streams=True, n_ubatch=n_ubatch, pad=pad,
+                          lone_ok=lone_ok, logit_quantum=quantum)
+        for _ in range(150):
+            n = int(rng.integers(2, 12))
+            o = [opts(float(rng.uniform(0.2, 1.0)), int(rng.integers(1, 64)))
+                 if rng.random() < 0.75 else DraftOptions() for _ in range(n)]
+            b = [Shape(int(s), 1, 1, int(rng.integers(10, 3000)))
+                 for s in np.sort(rng.choice(32, n, replace=False))]
+            caps = [max(0, min(x.k_max, 63)) for x in o]
+            budget, trust = int(rng.choice([10, 40, 512])) - n, float(rng.choice([0.9, 1.0]))
+            got = _native_ascend(o, b, cost, caps, budget, trust)
+            assert got is not None
+            assert got == _ascend(o, b, cost, caps, budget, trust)
+            n_plans += 1
+            drafted += any(got)
+    assert 100 < drafted < n_plans

@@ -181,6 +181,13 @@ class DecodeCost:
             c.flags.writeable = False
         return c
 
+    @property
+    def _coef_list(self) -> list[float]:
+        c = self.__dict__.get("_coef_l")
+        if c is None:
+            c = self.__dict__["_coef_l"] = self.coef.tolist()
+        return c
+
     def with_coef(self, coef: Sequence[float]) -> "DecodeCost":
         """The same layout with other coefficients (in COEF_FIELDS' order)."""
         return replace(self, **{f: float(c) for f, c in zip(COEF_FIELDS, coef)})
@@ -194,7 +201,10 @@ class DecodeCost:
         hit = memo.get(entries)
         if hit is None:
             x, padded = self._fixed(entries)
-            hit = memo[entries] = (float(x @ self.coef), padded)
+            s = 0.0  # left to right, as drafting.c's search prices (planner.py)
+            for a, c in zip(x.tolist(), self._coef_list):
+                s += a * c
+            hit = memo[entries] = (s, padded)
         return hit[0] + self.per_kv * sum(p * k for p, k in zip(hit[1], kvs)) / 1000.0
 
     def seconds(self, shapes: Sequence[Shape]) -> float:

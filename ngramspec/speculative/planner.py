@@ -13,7 +13,10 @@ split the decode into another ubatch pays for that ubatch.
 Search: coordinate ascent from "no drafts". Each sequence in turn tries no draft,
 its longest draft, the length that pays best for it alone and the other sequences'
 current lengths (equal lengths share ubatches), keeping any change that raises the
-objective, until a round changes nothing; each plan is priced once. A decode of one sequence is solved in closed form instead: every length
+objective, until a round changes nothing; each plan is priced once. The search runs in C
+(drafting.c `ngs_ascend`: the same arithmetic in the same order, so the same lengths) where
+the context has one KV stream per sequence and the library is loaded, else here. A decode
+of one sequence is solved in closed form instead: every length
 priced at once from the model's per-length table, after a bound that says "no draft"
 without pricing anything (`_alone`); that is exactly `acceptance.best_length`
 (llama.cpp's single-slot case with cost).
@@ -24,10 +27,13 @@ while the budget lasts (llama.cpp's behaviour).
 """
 from __future__ import annotations
 
+import ctypes as C
+import threading
 from typing import Sequence
 
 import numpy as np
 
+from . import native
 from .cost import DecodeCost, Shape
 from .speculation import DraftOptions
 
@@ -51,7 +57,8 @@ def plan(options: Sequence[DraftOptions], base: Sequence[Shape], cost: DecodeCos
         return ks
     if len(options) == 1:
         return [_alone(options[0], base[0], cost, min(caps[0], budget), trust)]
-    return _ascend(options, base, cost, caps, budget, trust)
+    ks = _native_ascend(options, base, cost, caps, budget, trust)
+    return ks if ks is not None else _ascend(options, base, cost, caps, budget, trust)
 
 
 def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: float) -> int:
@@ -135,7 +142,8 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
         for i in active:
             e, was = options[i].expected, ks[i]
             room = budget - (sum(ks) - was)
-            cands = own[i] | {ks[j] for j in active} if own else range(min(caps[i], room) + 1)
+            cands = sorted(own[i] | {ks[j] for j in active}) if own else range(
+                min(caps[i], room) + 1)
             pick = was
             for k in cands:
                 if k == was or k > caps[i] or k > room:
@@ -152,3 +160,48 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
         if not changed:
             break
     return ks if best * trust > plain else [0] * len(ks)
+
+
+_MAX = 64  # entries drafting.c lays out (NGS_MAX_ENTRIES)
+_BUFS = threading.local()  # `_native_ascend`'s ctypes buffers, made once per thread
+
+
+def _native_ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
+                   trust: float) -> list[int] | None:
+    """`_ascend` by drafting.c's `ngs_ascend` (candidates in ascending order, as here), or
+    None where C does not apply (no library, a shared KV stream or a fixed-shape context,
+    more than _MAX entries, a layout C declines): then `_ascend` answers."""
+    lib = native.kernel()
+    m = len(base)
+    if lib is None or not cost.per_seq_streams or cost.fixed_rows or m > _MAX:
+        return None
+    b = getattr(_BUFS, "b", None)
+    if b is None:
+        b = _BUFS.b = ((C.c_int32 * _MAX)(), (C.c_int32 * _MAX)(), (C.c_int32 * _MAX)(),
+                       (C.c_int64 * _MAX)(), (C.c_void_p * _MAX)(), (C.c_int32 * _MAX)(),
+                       (C.c_int32 * _MAX)(), (C.c_int32 * _MAX)())
+    ids, n_tok, n_log, kv, exp, lens, cap, ks = b
+    ids[:m] = [s.seq_id for s in base]
+    n_tok[:m] = [s.n_tokens for s in base]
+    n_log[:m] = [s.n_logits for s in base]
+    kv[:m] = [s.n_kv for s in base]
+    exp[:m] = [None if o.expected is None else o.expected.ctypes.data for o in options]
+    lens[:m] = [0 if o.expected is None else len(o.expected) for o in options]
+    cap[:m] = caps
+    coef, sec, tok, slope = _native_model(cost)
+    if lib.ngs_ascend(ids, n_tok, n_log, kv, m, exp, lens, cap, budget, coef, cost.per_kv,
+                      cost.n_ubatch, cost.pad, cost.logit_quantum, cost.lone_ok, sec, tok,
+                      slope, trust, MAX_ROUNDS, ks) != 0:
+        return None
+    return ks[:m]
+
+
+def _native_model(cost: DecodeCost) -> tuple[int, int, int, float]:
+    """The addresses of `cost`'s coefficients and `DecodeCost.alone`'s table (seconds,
+    tokens), and its slope, remembered per model (the arrays live as long as it)."""
+    memo = cost.__dict__.setdefault("_memo", {})
+    hit = memo.get("native")
+    if hit is None:
+        sec, tok, slope = cost.alone()
+        hit = memo["native"] = (cost.coef.ctypes.data, sec.ctypes.data, tok.ctypes.data, slope)
+    return hit

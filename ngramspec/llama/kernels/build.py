@@ -48,9 +48,10 @@ VARIANTS = {
     "avx2": ((), ("avx2", "fma", "f16c")),
 }
 #: the flags of a kernel with no intrinsics (native/drafting.c): it runs on any CPU the
-#: compiler targets, so it is compiled as "generic", apart from the instruction-set variants
+#: compiler targets, so it is compiled as "generic", apart from the instruction-set variants;
+#: without fused multiply-adds, so that the planner's search in C rounds as its Python twin
 GENERIC = "generic"
-GENERIC_CFLAGS = ("-O2", "-shared", "-fPIC")
+GENERIC_CFLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC")
 DRAFTING = "drafting"  # native/drafting.c: the drafters' loops (speculative/native.py)
 _LOCK = threading.Lock()
 _DONE: dict[tuple[str, str], "Built"] = {}

@@ -236,3 +236,118 @@ void ngs_expected(const double *dacc, const double *doff, int m, double sw, doub
         out[i + 1] = out[i] + prod;
     }
 }
+
+/* ------------------------------------------------------------------ the planner's search
+ * planner._ascend in C (speculative/planner.py states the search; `native_ascend` in
+ * planner.py calls this): the same arithmetic in the same order, so the same lengths. */
+
+typedef struct {
+    int m, n_ubatch, pad, quantum, lone_ok;
+    const int32_t *ids, *n_tok, *n_log;
+    const int64_t *kv;
+    const double *coef;
+    double per_kv;
+    int32_t e[3 * NGS_MAX_ENTRIES];
+} ngs_plan;
+
+/* DecodeCost.price of the decode with ks[i] more tokens (and logit rows) for entry i:
+ * the features' dot product with the coefficients, left to right, plus the KV term. */
+static int ngs_price(ngs_plan *p, const int32_t *ks, double *out) {
+    double x[6];
+    int32_t padded[NGS_MAX_ENTRIES];
+    for (int i = 0; i < p->m; ++i) {
+        p->e[3 * i] = p->ids[i];
+        p->e[3 * i + 1] = p->n_tok[i] + ks[i];
+        p->e[3 * i + 2] = p->n_log[i] + ks[i];
+    }
+    if (ngs_layout_features(p->e, p->m, p->n_ubatch, p->pad, p->quantum, p->lone_ok, x,
+                            padded) != 0)
+        return -1;
+    double s = 0.0;
+    for (int f = 0; f < 6; ++f) s += x[f] * p->coef[f];
+    int64_t cells = 0;
+    for (int i = 0; i < p->m; ++i) cells += (int64_t)padded[i] * p->kv[i];
+    *out = s + p->per_kv * (double)cells / 1000.0;
+    return 0;
+}
+
+/* planner._best_alone: the first K <= k_top with the best e[K] / (sec[K] + kv * tok[K]). */
+static int ngs_best_alone(const double *e, int k_top, const double *sec, const double *tok,
+                          double kv) {
+    int best = 0;
+    double top = e[0] / (sec[0] + kv * tok[0]);
+    for (int k = 1; k <= k_top; ++k) {
+        const double r = e[k] / (sec[k] + kv * tok[k]);
+        if (r > top) { top = r; best = k; }
+    }
+    return best;
+}
+
+/* planner._ascend over m entries (ids ascending; n_tok, n_log, kv: the base decode);
+ * expected[i]: E[tokens | K] for K = 0..len[i]-1, or NULL (no options); caps[i]: the
+ * most draft tokens of entry i; sec, tok: DecodeCost.alone's table; slope its least
+ * per-token cost. Writes ks; returns 0, or -1 where the layout is not C's (Python's
+ * search answers). Candidates are tried in ascending order. */
+int ngs_ascend(const int32_t *ids, const int32_t *n_tok, const int32_t *n_log,
+               const int64_t *kv, int m, const double *const *expected, const int32_t *len,
+               const int32_t *caps, int budget, const double *coef, double per_kv,
+               int n_ubatch, int pad, int quantum, int lone_ok, const double *sec,
+               const double *tok, double slope, double trust, int max_rounds, int32_t *ks) {
+    ngs_plan p = {m, n_ubatch, pad, quantum, lone_ok, ids, n_tok, n_log, kv, coef, per_kv, {0}};
+    double gain[NGS_MAX_ENTRIES], total = 0.0, t, best, plain;
+    int active[NGS_MAX_ENTRIES], n_active = 0, own[NGS_MAX_ENTRIES][3];
+    if (m <= 1 || m > NGS_MAX_ENTRIES) return -1;
+    int any = 0;
+    for (int i = 0; i < m; ++i) { ks[i] = 0; any |= caps[i] > 0; }
+    if (!any) return 0;
+    for (int i = 0; i < m; ++i) {
+        gain[i] = expected[i] ? expected[i][0] : 1.0;
+        total += gain[i];
+    }
+    if (ngs_price(&p, ks, &t) != 0) return -1;
+    best = plain = total / t;
+    for (int i = 0; i < m; ++i) {
+        if (caps[i] <= 0 || expected[i][1] - expected[i][0] <= plain * slope) continue;
+        const int top = caps[i] < len[i] - 1 ? caps[i] : len[i] - 1;
+        own[n_active][0] = 0;
+        own[n_active][1] = caps[i];
+        own[n_active][2] = ngs_best_alone(expected[i], top, sec, tok,
+                                          per_kv * (double)kv[i] / 1000.0);
+        active[n_active++] = i;
+    }
+    for (int round = 0; round < (n_active ? max_rounds : 0); ++round) {
+        int changed = 0;
+        for (int a = 0; a < n_active; ++a) {
+            const int i = active[a], was = ks[i];
+            const double *e = expected[i];
+            int sum = 0;
+            for (int j = 0; j < m; ++j) sum += ks[j];
+            const int room = budget - (sum - was);
+            int pick = was, last = -1;
+            for (;;) {  /* the candidates in ascending order, each once */
+                int k = 1 << 30;
+                for (int c = 0; c < 3; ++c) if (own[a][c] > last && own[a][c] < k) k = own[a][c];
+                for (int b = 0; b < n_active; ++b)
+                    if (ks[active[b]] > last && ks[active[b]] < k) k = ks[active[b]];
+                if (k == 1 << 30) break;
+                last = k;
+                if (k == was || k > caps[i] || k > room) continue;
+                ks[i] = k;
+                if (ngs_price(&p, ks, &t) != 0) return -1;
+                const double r = (total - gain[i] + e[k]) / t;
+                if (r > best * (1 + 1e-9)) { best = r; pick = k; }
+                ks[i] = was;
+            }
+            ks[i] = pick;
+            if (pick != was) {
+                total += e[pick] - gain[i];
+                gain[i] = e[pick];
+                changed = 1;
+            }
+        }
+        if (!changed) break;
+    }
+    if (!(best * trust > plain))
+        for (int i = 0; i < m; ++i) ks[i] = 0;
+    return 0;
+}
