@@ -188,46 +188,6 @@ def test_pricing_is_remembered_per_model_and_equals_seconds():
         assert abs(CPU4.price(entries, [s.n_kv for s in shapes]) - CPU4.seconds(shapes)) < 1e-12
 
 
-def test_among_prices_every_length_of_one_sequence_as_price_does():
-    """`DecodeCost.among` (one sequence's every draft length at once, the others as
-    given) equals `price` of each of those decodes, padded or not."""
-    entries = ((0, 1, 1), (2, 1, 1), (3, 1, 1), (7, 1, 1))
-    kvs = [40, 900, 3000, 15]
-    for cost in (CPU4, DecodeCost(0.0016, 0.0002, 0.00035, per_kv=0.0003, per_multi=0.0009,
-                                  per_odd=0.0002, per_seq_streams=True, lone_ok=True)):
-        for i in range(len(entries)):
-            t = cost.among(entries, i, np.array(kvs, dtype=float))
-            for k in (0, 1, 2, 7, 31, 64):
-                e = entries[:i] + ((entries[i][0], 1 + k, 1 + k),) + entries[i + 1:]
-                assert abs(t[k] - cost.price(e, kvs)) < 1e-12
-
-
-def test_search_skipped_where_no_single_draft_pays_plans_what_the_search_plans(monkeypatch):
-    """The search starts from no drafts and keeps one sequence's change at a time, so where
-    no sequence's draft alone beats the plain rate at any length (`_raises_alone`, priced by
-    `DecodeCost.among`) it returns no drafts unsearched; on random batches the plans equal
-    the full search's, the declines among them."""
-    from ngramspec.speculative import planner
-
-    rng = np.random.default_rng(5)
-    dear = DecodeCost(0.002, 0.004, 0.001, per_kv=0.00001, per_odd=0.0001, per_multi=0.0006,
-                      per_seq_streams=True, lone_ok=True)
-    declined = 0
-    for _ in range(400):
-        n = int(rng.integers(2, 9))
-        o = [opts(float(rng.uniform(0.2, 1.0)), int(rng.integers(1, 64)))
-             if rng.random() < 0.7 else DraftOptions() for _ in range(n)]
-        b = [Shape(int(s), 1, 1, int(rng.integers(10, 3000)))
-             for s in np.sort(rng.choice(16, n, replace=False))]
-        for cost in (dear, CPU4):
-            got = plan(o, b, cost, 64, 512)
-            with monkeypatch.context() as m:
-                m.setattr(planner, "_raises_alone", lambda *a: True)
-                assert plan(o, b, cost, 64, 512) == got
-            declined += not any(got)
-    assert declined > 50
-
-
 def test_search_in_c_plans_what_the_python_search_plans():
     """drafting.c's `ngs_ascend` (the search where the context has one KV stream per
     sequence) gives `_ascend`'s lengths exactly on random batches: padded or not, lone

@@ -121,19 +121,6 @@ def _alone_features(*layout) -> tuple[np.ndarray, np.ndarray]:
     return np.array([x for x, _ in rows]), np.array([float(p[0]) for _, p in rows])
 
 
-@functools.lru_cache(maxsize=1024)
-def _among_features(entries: tuple, i: int, *layout) -> tuple[np.ndarray, np.ndarray]:
-    """(features [K], every entry's tokens with padding [K, j]) of the decodes of
-    `entries` where entry i verifies K more tokens, each with its logit row, K =
-    0..MAX_DRAFT, the others as given (`DecodeCost.among`); read-only."""
-    sid, n, m = entries[i]
-    rows = [_fixed_features(entries[:i] + ((sid, n + k, m + k),) + entries[i + 1:], *layout)
-            for k in range(MAX_DRAFT + 1)]
-    x, padded = np.array([x for x, _ in rows]), np.array([p for _, p in rows], dtype=float)
-    x.flags.writeable = padded.flags.writeable = False
-    return x, padded
-
-
 @dataclass(frozen=True)
 class DecodeCost:
     """Seconds of one llama_decode, from the ubatches llama.cpp splits it into."""
@@ -181,13 +168,6 @@ class DecodeCost:
             c.flags.writeable = False
         return c
 
-    @property
-    def _coef_list(self) -> list[float]:
-        c = self.__dict__.get("_coef_l")
-        if c is None:
-            c = self.__dict__["_coef_l"] = self.coef.tolist()
-        return c
-
     def with_coef(self, coef: Sequence[float]) -> "DecodeCost":
         """The same layout with other coefficients (in COEF_FIELDS' order)."""
         return replace(self, **{f: float(c) for f, c in zip(COEF_FIELDS, coef)})
@@ -202,7 +182,7 @@ class DecodeCost:
         if hit is None:
             x, padded = self._fixed(entries)
             s = 0.0  # left to right, as drafting.c's search prices (planner.py)
-            for a, c in zip(x.tolist(), self._coef_list):
+            for a, c in zip(x.tolist(), self.coef.tolist()):
                 s += a * c
             hit = memo[entries] = (s, padded)
         return hit[0] + self.per_kv * sum(p * k for p, k in zip(hit[1], kvs)) / 1000.0
@@ -225,23 +205,6 @@ class DecodeCost:
             slope = float(np.min((sec[1:] - sec[0]) / np.arange(1, len(sec))))
             hit = memo["alone"] = (sec, tok, max(slope, 0.0))
         return hit
-
-    def among(self, entries: tuple, i: int, kvs: np.ndarray) -> np.ndarray:
-        """Seconds [K] of the decode of `entries` (as `price`; `kvs` its streams' cells as
-        floats) where entry i verifies K more tokens, each with its logit row, K =
-        0..MAX_DRAFT, the others as given: every length of one sequence's draft priced in
-        one product (the planner's check, planner.py). The layouts are remembered across
-        models, their seconds per model."""
-        memo = self.__dict__.setdefault("_memo", {})
-        key = ("among", entries, i)
-        hit = memo.get(key)
-        if hit is None:
-            x, padded = _among_features(entries, i, self.n_ubatch, self.per_seq_streams,
-                                        self.pad, self.logit_quantum, self.lone_ok,
-                                        self.fixed_rows)
-            hit = memo[key] = (x @ self.coef, padded * (self.per_kv / 1000.0))
-        sec, kv_cost = hit
-        return sec + kv_cost @ kvs
 
     def t(self, n: int, n_kv: int = 0) -> float:
         """One sequence verifying n tokens (all logits)."""

@@ -93,14 +93,6 @@ def _best_alone(e: np.ndarray, cost: DecodeCost, n_kv: int, cap: int) -> int:
     return int(np.argmax(_alone_rates(e, cost, n_kv, min(cap, len(e) - 1))))
 
 
-def _raises_alone(e: np.ndarray, t: np.ndarray, rest: float, cap: int, plain: float) -> bool:
-    """Whether some draft length 1..cap of one sequence, the others drafting nothing, beats
-    the plain rate: (rest + E[K]) / t[K] > plain, with t its row of `DecodeCost.among`
-    (every length priced at once) and rest the others' expected tokens."""
-    k = min(cap, len(e) - 1)
-    return k > 0 and float(np.max((rest + e[1:k + 1]) / t[1:k + 1])) > plain
-
-
 def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
             trust: float) -> list[int]:
     """Coordinate ascent (module docstring) over the sequences that pass the bound: a
@@ -131,10 +123,6 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
     slope = cost.alone()[2]
     active = [i for i, c in enumerate(caps)
               if c > 0 and options[i].expected[1] - options[i].expected[0] > plain * slope]
-    entries, cells = tuple((b.seq_id, b.n_tokens, b.n_logits) for b in base), np.array(kvs, float)
-    if not any(_raises_alone(options[i].expected, cost.among(entries, i, cells), total - gain[i],
-                             min(caps[i], budget), plain) for i in active):
-        return ks  # the ascent's first move is one sequence's alone: none raises the rate
     own = {i: {0, caps[i], _best_alone(options[i].expected, cost, base[i].n_kv, caps[i])}
            for i in active} if len(options) > 1 else {}
     for _ in range(MAX_ROUNDS if active else 0):
@@ -185,7 +173,9 @@ def _native_ascend(options, base, cost: DecodeCost, caps: list[int], budget: int
     n_tok[:m] = [s.n_tokens for s in base]
     n_log[:m] = [s.n_logits for s in base]
     kv[:m] = [s.n_kv for s in base]
-    exp[:m] = [None if o.expected is None else o.expected.ctypes.data for o in options]
+    arrays = [None if o.expected is None else np.ascontiguousarray(o.expected, dtype=np.float64)
+              for o in options]  # themselves where they already are (kept alive for the call)
+    exp[:m] = [None if a is None else a.ctypes.data for a in arrays]
     lens[:m] = [0 if o.expected is None else len(o.expected) for o in options]
     cap[:m] = caps
     coef, sec, tok, slope = _native_model(cost)

@@ -50,7 +50,7 @@ class DraftPolicy(Protocol):
 
     def rest_of(self, seq_id: int) -> Rest | None:
         """Whether sequence seq_id proposes (rest.py), or None: it always does
-        (Speculation.proposes)."""
+        (Speculation._watched)."""
 
     def options(self, sp: Speculation, history: np.ndarray, sampled: int, room: int,
                 found: list | None = None) -> DraftOptions:

@@ -27,7 +27,7 @@ where it would only start the trial that failed.
 
 Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
 copies its input keeps drafting while the others rest, and a resting sequence that follows
-a copy (its last draft accepted whole) goes on proposing (Speculation.proposes). A decode's
+a copy (its last draft accepted whole) goes on proposing (Speculation._watched). A decode's
 time is shared out: each sequence's plain share is the plain decode's seconds over its
 sequences, and the verify's extra seconds go to the sequences that drafted, by draft
 length; the host time of a step's shared work (the plan, the decode's bookkeeping) goes to

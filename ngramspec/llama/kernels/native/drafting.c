@@ -1,11 +1,14 @@
 /* The drafters' hot loops on the shared hash pool (ngramspec/speculative/pool.py), in C,
- * and the decode layouts the planner prices (at the end: `ngs_layout_features`).
+ * the decode layouts the planner prices (`ngs_layout_features`), the expected tokens of
+ * acceptance statistics (`ngs_expected`) and the planner's search (`ngs_ascend`).
  *
- * Invariant: every function computes exactly what pool.py's Python reference computes
- * (tests/test_native_drafting.py compares them on random histories): the n-gram hash
- * of hashing.py (h = h * P + t, modulo 2**64), the slot and tag of HashPool.locate,
- * a slot written as (tag << 32) | value. Plain C, no instruction-set extension: it is
- * compiled as the "generic" variant and runs on any CPU the compiler targets.
+ * Invariant: every function computes exactly what its Python reference computes (pool.py,
+ * ubatch.py, acceptance.py, planner.py; tests/test_native_drafting.py and test_planner.py
+ * compare them on random inputs): the n-gram hash of hashing.py (h = h * P + t, modulo
+ * 2**64), the slot and tag of HashPool.locate, a slot written as (tag << 32) | value; the
+ * floating-point operations in the reference's order, without fused multiply-adds. Plain
+ * C, no instruction-set extension: it is compiled as the "generic" variant and runs on any
+ * CPU the compiler targets.
  */
 #include <stdint.h>
 
@@ -238,7 +241,7 @@ void ngs_expected(const double *dacc, const double *doff, int m, double sw, doub
 }
 
 /* ------------------------------------------------------------------ the planner's search
- * planner._ascend in C (speculative/planner.py states the search; `native_ascend` in
+ * planner._ascend in C (speculative/planner.py states the search; `_native_ascend` in
  * planner.py calls this): the same arithmetic in the same order, so the same lengths. */
 
 typedef struct {
