@@ -440,7 +440,10 @@ def _measure_on(ctx, scratch: dict[int, int]) -> Callable[[Sequence[Shape]], flo
 def _kernel_key(ctx) -> str:
     """The cost key's part for the context's kernels: ":<name>=<scope>" for each active
     one (kernels.KERNELS order; "own", or "q5_0" for a matmul that leaves the K-quants to
-    llama.cpp), then each instruction-set variant other than AVX2 in use."""
+    llama.cpp), then each instruction-set variant other than AVX2 in use. Not the output
+    layer's one-row choice (`Hook.choose_one_row`): it is timed per context and flips
+    between starts only where both ways cost about the same, and a key that flipped with
+    it made a start miss the curve the run before had cached (test_calibration)."""
     states = ctx.kernels.state() if hasattr(ctx, "kernels") else {}  # {}: a stand-in
     return ("".join(f":{n}={st.get('scope', 'own')}" for n, st in states.items() if st["active"])
             + "".join(sorted({f":{st['variant']}" for st in states.values()

@@ -262,13 +262,7 @@ class Hook:
                 and got[True][1] == got[False][1])
         ours, theirs = (float(np.median(times[m][1:])) * 1e3 for m in (True, False))
         self.one_row_ms = (ours, theirs)
-        self.one_row = not same or ours <= theirs
-
-    @property
-    def scope(self) -> str:
-        """The cost key's name for what it takes: "own", or "2+ rows" where one-row
-        decodes take llama.cpp's (`choose_one_row`)."""
-        return "own" if self.one_row else "2+ rows"
+        self.one_row = not same or ours <= theirs  # not in the cost key (cost._kernel_key)
 
 
 @functools.lru_cache(maxsize=4096)
