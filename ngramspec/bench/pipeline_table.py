@@ -64,9 +64,10 @@ def _pipeline_summary(rep, n) -> str:
     oracle = rep.get("ngramspec", "oracle", n)
     if oracle:
         line += f", {auto.tok_per_s / oracle.tok_per_s:.0%} of the oracle's tok/s"
-    fixed = rep.best_own_type(n)
-    if fixed:
-        line += f"; vs its best single type ({fixed.mode}) {auto.tok_per_s / fixed.tok_per_s:.2f}x"
+    single = rep.best_own_type(n)
+    if single:
+        line += (f"; vs its best single type ({single.mode}) "
+                 f"{auto.tok_per_s / single.tok_per_s:.2f}x")
     best = rep.best_peer(n)
     if best:
         line += f"; vs llama-server's best ({best.mode}) {auto.tok_per_s / best.tok_per_s:.2f}x"

@@ -75,6 +75,12 @@ def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: b
     fast = _native_features(entries, n_ubatch, pad, quantum, lone_ok) if per_seq_streams else None
     if fast is not None:
         return fast
+    return _layout_features(entries, n_ubatch, per_seq_streams, pad, quantum, lone_ok)
+
+
+def _layout_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: bool,
+                     quantum: int, lone_ok: bool) -> tuple[np.ndarray, tuple[int, ...]]:
+    """`_fixed_features` without fixed rows, by `ubatch.layout` (`_native_features`' reference)."""
     lay = ubatch.layout(list(entries), n_ubatch, per_seq_streams, pad=pad, quantum=quantum,
                         lone_ok=lone_ok)
     padded = tuple(n + lay.pads.get(s, 0) for s, n, _ in entries)
@@ -87,19 +93,18 @@ def _fixed_features(entries: tuple, n_ubatch: int, per_seq_streams: bool, pad: b
 
 def _native_features(entries: tuple, n_ubatch: int, pad: bool, quantum: int,
                      lone_ok: bool) -> tuple[np.ndarray, tuple[int, ...]] | None:
-    """`_fixed_features` of a context with one KV stream per sequence, by the C port of
-    `ubatch.layout` (native/drafting.c `ngs_layout_features`: the same features, ~6 us
-    through ctypes instead of ~26, hot), through buffers made once per thread (the call
-    releases the GIL); None without the C library or where it does not apply (more than
-    _NATIVE_MAX entries, or padding that cannot keep a ubatch invariant: ubatch.py answers)."""
+    """`_layout_features` in C for one KV stream per sequence (drafting.c
+    `ngs_layout_features`: ~6 us hot, not ~26), through buffers made once per thread (the
+    call releases the GIL); None without the library, past native.MAX_ENTRIES entries, or
+    where padding cannot keep a ubatch invariant (ubatch.py answers)."""
     lib = native.kernel()
     m = len(entries)
-    if lib is None or m > _NATIVE_MAX:
+    if lib is None or m > native.MAX_ENTRIES:
         return None
     bufs = getattr(_NATIVE, "buffers", None)
     if bufs is None:  # entries (seq id, tokens, logit rows), features, padded
-        bufs = _NATIVE.buffers = ((C.c_int32 * (3 * _NATIVE_MAX))(), (C.c_double * 6)(),
-                                  (C.c_int32 * _NATIVE_MAX)())
+        bufs = _NATIVE.buffers = ((C.c_int32 * (3 * native.MAX_ENTRIES))(), (C.c_double * 6)(),
+                                  (C.c_int32 * native.MAX_ENTRIES)())
     e, x, padded = bufs
     e[:3 * m] = [v for entry in entries for v in entry]
     if lib.ngs_layout_features(e, m, n_ubatch, pad, quantum, lone_ok, x, padded) != 0:
@@ -109,7 +114,6 @@ def _native_features(entries: tuple, n_ubatch: int, pad: bool, quantum: int,
     return out, tuple(padded[:m])
 
 
-_NATIVE_MAX = 64  # entries native/drafting.c lays out (NGS_MAX_ENTRIES)
 _NATIVE = threading.local()  # `_native_features`' buffers
 
 

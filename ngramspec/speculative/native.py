@@ -16,6 +16,7 @@ import os
 from ..llama.kernels import build
 
 ENV = "NGRAMSPEC_NATIVE_DRAFTING"
+MAX_ENTRIES = 64  # entries of one decode drafting.c lays out and plans (NGS_MAX_ENTRIES)
 
 _U64, _P, _I64, _I32 = C.c_uint64, C.c_void_p, C.c_int64, C.c_int32
 _SIGNATURES = {  # name -> (restype, argtypes): drafting.c's functions

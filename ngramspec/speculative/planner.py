@@ -150,7 +150,6 @@ def _ascend(options, base, cost: DecodeCost, caps: list[int], budget: int,
     return ks if best * trust > plain else [0] * len(ks)
 
 
-_MAX = 64  # entries drafting.c lays out (NGS_MAX_ENTRIES)
 _BUFS = threading.local()  # `_native_ascend`'s ctypes buffers, made once per thread
 
 
@@ -158,16 +157,17 @@ def _native_ascend(options, base, cost: DecodeCost, caps: list[int], budget: int
                    trust: float) -> list[int] | None:
     """`_ascend` by drafting.c's `ngs_ascend` (candidates in ascending order, as here), or
     None where C does not apply (no library, a shared KV stream or a fixed-shape context,
-    more than _MAX entries, a layout C declines): then `_ascend` answers."""
+    more than native.MAX_ENTRIES entries, a layout C declines): then `_ascend` answers."""
     lib = native.kernel()
     m = len(base)
-    if lib is None or not cost.per_seq_streams or cost.fixed_rows or m > _MAX:
+    if lib is None or not cost.per_seq_streams or cost.fixed_rows or m > native.MAX_ENTRIES:
         return None
     b = getattr(_BUFS, "b", None)
     if b is None:
-        b = _BUFS.b = ((C.c_int32 * _MAX)(), (C.c_int32 * _MAX)(), (C.c_int32 * _MAX)(),
-                       (C.c_int64 * _MAX)(), (C.c_void_p * _MAX)(), (C.c_int32 * _MAX)(),
-                       (C.c_int32 * _MAX)(), (C.c_int32 * _MAX)())
+        n = native.MAX_ENTRIES
+        b = _BUFS.b = ((C.c_int32 * n)(), (C.c_int32 * n)(), (C.c_int32 * n)(),
+                       (C.c_int64 * n)(), (C.c_void_p * n)(), (C.c_int32 * n)(),
+                       (C.c_int32 * n)(), (C.c_int32 * n)())
     ids, n_tok, n_log, kv, exp, lens, cap, ks = b
     ids[:m] = [s.seq_id for s in base]
     n_tok[:m] = [s.n_tokens for s in base]
