@@ -147,7 +147,8 @@ def bounds(v2: Path, first: dict, cold: dict, args) -> None:
     import numpy as np
 
     from ngramspec.bench.replay import replay_batch
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.settings.config import AUTO, SpecConfig
     from ngramspec.speculative.drafters.chains import Chains
     from ngramspec.speculative.drafters.prediction import PredictionDrafter

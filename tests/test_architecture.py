@@ -183,15 +183,32 @@ def test_server_settings_is_written_and_holds_the_flag_table():
     fields), and its flag fields are the flag table's, with its defaults (issue 55)."""
     import dataclasses
 
-    from ngramspec.server.settings import ServerSettings
+    from ngramspec.settings.server import ServerSettings
     from ngramspec.settings import flags
 
-    assert "make_dataclass" not in (ROOT / "ngramspec" / "server" / "settings.py").read_text()
+    assert "make_dataclass" not in (ROOT / "ngramspec" / "settings" / "server.py").read_text()
     mine = {f.name: f for f in dataclasses.fields(ServerSettings)}
     table = flags.settings_fields()
     assert [n for n, _, _ in table] == [n for n in mine if n not in ("spec", "sampling", "api_keys")]
     for name, _, fld in table:
         assert mine[name].default == fld.default, name
+
+
+def test_flag_values_go_down_once_into_settings():
+    """A command's flag values become typed settings in settings/ alone: the builders
+    (`typed`, and the per-group ones it calls) are defined there and called, outside
+    settings/, only as `typed`; so serve's values go down into settings/ once and come
+    back as ServerSettings, instead of climbing to engine/ and server/ between groups."""
+    builders = ("settings_values", "engine_from_flags", "sampling_from_flags")
+    for path in (ROOT / "ngramspec").rglob("*.py"):
+        if path.parent.name == "settings":
+            continue
+        text = path.read_text()
+        assert not any(b in text for b in builders), path
+        if "typed(" in text:
+            assert "from ..settings.typed import typed" in text, path
+    assert not (ROOT / "ngramspec" / "engine" / "flag_values.py").exists()
+    assert not (ROOT / "ngramspec" / "server" / "settings.py").exists()
 
 
 def test_one_request_to_sampling_builder():

@@ -146,7 +146,7 @@ def read_output(path):
 def test_api_loads_with_the_commands_default_speculation(monkeypatch):
     """`batch(path, ...)` without `spec` loads the model with what `ngramspec batch` uses."""
     from ngramspec.settings import flags
-    from ngramspec.engine import flag_values
+    from ngramspec.settings.typed import typed
     from ngramspec.batch import api
 
     seen = {}
@@ -158,7 +158,7 @@ def test_api_loads_with_the_commands_default_speculation(monkeypatch):
     monkeypatch.setattr(api.EngineRunner, "load", staticmethod(load))
     with pytest.raises(RuntimeError):
         next(api.batch(None, [], parallel=2))
-    command = flag_values.typed(flags.defaults("batch"), n_seq=2).engine
+    command = typed(flags.defaults("batch"), n_seq=2).engine
     assert seen["settings"].spec == command.spec and seen["settings"].n_seq == 2
 
 

@@ -21,7 +21,7 @@ def test_two_actors_give_the_single_process_output_and_survive_a_killed_actor(tm
     from ngramspec.batch.runner import Defaults, EngineRunner
 
     records = [{"id": f"doc-{i}", "prompt": p} for i, p in enumerate(PROMPTS * 3)]
-    from ngramspec.engine.runtime import EngineSettings
+    from ngramspec.settings.engine import EngineSettings
 
     spec = SpecConfig(types=("ngram-mod", "ngram-simple"), policy="fixed")
     load = dict(settings=EngineSettings(n_ctx=2048, threads=1, n_seq=2, spec=spec),

@@ -19,7 +19,8 @@ OPEN = "Describe a walk through a city market in the early morning."
 
 
 def _load(threads):
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
 
     return load_engine(EngineSettings(n_ctx=1024, threads=threads,
                                       spec=SpecConfig(types=("auto",), policy="cost")))

@@ -13,7 +13,7 @@ import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
 from ngramspec.settings.sampling import SamplingParams
-from ngramspec.server.settings import ServerSettings
+from ngramspec.settings.server import ServerSettings
 from together import run_alone
 
 pytestmark = pytest.mark.model

@@ -15,7 +15,7 @@ from ngramspec import SPEC_TYPES, NgramModParams, SpecConfig
 from ngramspec.engine.generate import generate
 from ngramspec.errors import ConfigError
 from ngramspec.llama.model import ContextOverflow
-from ngramspec.engine.sampling import json_grammar
+from ngramspec.settings.grammar import json_grammar
 from ngramspec.settings.sampling import SamplingParams
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,8 @@ GREEDY = SamplingParams(temperature=0.0)
 def fast(fast_model_path, threads, tmp_path_factory):
     import os
 
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
 
     os.environ["NGRAMSPEC_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))  # a cold start
     return load_engine(EngineSettings(model=fast_model_path, threads=threads, n_ctx=2048,

@@ -18,7 +18,8 @@ import pytest
 from ngramspec import SpecConfig
 from ngramspec.engine.engine import Engine
 from ngramspec.engine.generate import generate
-from ngramspec.engine.runtime import EngineSettings, LoadOptions, load_engine
+from ngramspec.engine.runtime import load_engine
+from ngramspec.settings.engine import EngineSettings, LoadOptions
 from ngramspec.llama.context import ContextParams
 from ngramspec.llama.fixed_shape import ROWS, FixedShapeContext
 from ngramspec.speculative.cost import DecodeCost, Shape

@@ -27,7 +27,8 @@ from ngramspec.cli.main import main
 from ngramspec.settings.config import SpecConfig
 from ngramspec.errors import ConfigError
 from ngramspec.server.command import bind, serve
-from ngramspec.server.settings import ServerSettings, from_flags
+from ngramspec.settings.server import ServerSettings
+from ngramspec.settings.typed import typed
 
 DATA = Path(__file__).resolve().parent / "data" / "llama_server_flags.txt"
 #: a valid value for flags whose value is not a plain number
@@ -88,7 +89,7 @@ def test_values_reach_settings():
               "--api-key", "k1,k2", "-c", "512", "-np", "2", "-n", "64", "--temp", "0",
               "-s", "42", "--no-cache-prompt", "-ngl", "99", "--slots", "--metrics")
     click_options.pop_unused(v)
-    s = from_flags(v)
+    s = typed(v, serve=True).server
     # llama-server keeps aliases and tags in a std::set: sorted, the first is the id
     assert s.alias == ("other", "tinyllama-2") and s.model_id("file.gguf") == "other"
     assert s.tags == ("a", "b") and s.host == ("127.0.0.1", "::1")
@@ -114,8 +115,8 @@ def test_sampling_flags_come_from_sampling_params():
     defaults give SamplingParams' own values."""
     from dataclasses import fields
 
-    from ngramspec.engine.flag_values import typed
     from ngramspec.settings.sampling import RANDOM_SEED, SamplingParams
+    from ngramspec.settings.sampling_flags import sampling_from_flags
 
     own = {f.name: f.default for f in fields(SamplingParams)}
     table = {f.dest: f for f in flags.FLAGS}
@@ -126,7 +127,7 @@ def test_sampling_flags_come_from_sampling_params():
         assert f.type is type(own[field]), dest
         assert f.default == own[field] or (dest, f.default) in (("temp", 0.8), ("seed", -1)), dest
     values = flags.defaults("generate", ("sampling",))
-    got = typed(values, spec=SpecConfig(types=())).sampling
+    got = sampling_from_flags(values)
     want = SamplingParams(temperature=0.8, seed=RANDOM_SEED)
     assert got == want
 
@@ -150,10 +151,10 @@ def test_draft_spec_types_need_md():
     v = parse("--spec-type", "draft-simple")
     click_options.pop_unused(v)
     with pytest.raises(ConfigError, match="-md/--model-draft"):
-        from_flags(v)
+        typed(v, serve=True).server
     v = parse("--spec-type", "draft-simple", "-md", "d.gguf")
     click_options.pop_unused(v)
-    s = from_flags(v)
+    s = typed(v, serve=True).server
     assert s.spec.types == () and s.model_draft == "d.gguf"  # only the draft model drafts
     r = CliRunner().invoke(main, ["generate", "-p", "x", "--spec-type", "draft-mtp"], obj={})
     assert r.exit_code == 2 and "-md/--model-draft" in r.output and "Traceback" not in r.output
@@ -175,7 +176,8 @@ def test_commands_do_not_import_each_other():
 
 
 def test_context_params_keep_exactness():
-    from ngramspec.engine.runtime import LoadOptions, context_params
+    from ngramspec.engine.runtime import context_params
+    from ngramspec.settings.engine import LoadOptions
 
     opts = LoadOptions(n_batch=32, n_ubatch=16, flash_attn="off", kv_unified=True)
     cp, notes = context_params(512, 2, 2, opts, batch_invariant=True)
@@ -410,7 +412,7 @@ def test_fa_spellings_of_llama_cpp():
         assert ServerSettings(flash_attn=value).flash_attn == want
         v = parse("-fa", value)
         click_options.pop_unused(v)
-        assert from_flags(v).flash_attn == want
+        assert typed(v, serve=True).server.flash_attn == want
 
 
 def test_bench_parallel_passes_load_spec_and_draft_flags_to_both_servers(monkeypatch, tmp_path):
@@ -447,7 +449,7 @@ def test_draft_policy_fixed_is_kept_with_auto():
     def spec(*args):
         v = parse(*args)
         click_options.pop_unused(v)
-        return from_flags(v).spec
+        return typed(v, serve=True).server.spec
 
     fixed = spec("--draft-policy", "fixed")
     assert fixed.types == ("auto",) and fixed.policy == "fixed"

@@ -39,7 +39,8 @@ def test_load_engine_loads_off_the_callers_thread(monkeypatch, threads):
     from ngramspec.settings.config import SpecConfig
     from ngramspec.llama.context import Context
     from ngramspec.llama.model import Model
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
 
     loaders = set()
 

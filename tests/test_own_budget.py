@@ -64,7 +64,8 @@ def test_a_spec_off_engine_prices_a_requests_prediction(fast_model_path, threads
     speculate teach the curve nothing (their host time is spec-off's)."""
     import numpy as np
 
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.settings.config import SpecConfig
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy
 

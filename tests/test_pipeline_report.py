@@ -197,13 +197,13 @@ def test_a_fixed_policy_mode_runs_the_fixed_policy():
     spec type (auto) would turn --draft-policy fixed into the cost policy."""
     from ngramspec.bench.pipeline import mode_body, policy_args, server_of
     from ngramspec.server.command import serve
-    from ngramspec.server.settings import from_flags
+    from ngramspec.settings.typed import typed
     from ngramspec.settings import click_options
 
     args = policy_args(["-t", "2"], "fixed")
     values = dict(serve.make_context("serve", args, obj={}).params)
     click_options.pop_unused(values)
-    spec = from_flags(values).spec
+    spec = typed(values, serve=True).server.spec
     assert spec.policy == "fixed" and spec.types == ()
     assert server_of("ngram-mod:fixed") == "ngramspec:fixed"
     assert mode_body("ngram-mod:fixed") == {"speculative": {"type": "ngram-mod"}}

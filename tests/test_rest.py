@@ -169,7 +169,8 @@ def test_a_resting_policy_watches_for_a_copy(auto_engine, monkeypatch):
 @pytest.fixture
 def auto_engine(fast_model_path, threads):
     """An engine with --spec-type auto on the fast model, closed after the test."""
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.settings.config import AUTO, SpecConfig
 
     eng = load_engine(EngineSettings(model=fast_model_path, n_ctx=1024, threads=threads,

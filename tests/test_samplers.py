@@ -54,19 +54,19 @@ def test_out_of_range_settings_are_refused(bad):
 
 def test_flags_set_the_samplers():
     from ngramspec.settings import flags
-    from ngramspec.engine import flag_values
+    from ngramspec.settings.typed import typed
 
     kw = flags.defaults("generate")
     kw.update(dry_multiplier=0.5, dry_base=0.5, dry_sequence_breaker=("\n", "none"),
               mirostat=2, mirostat_tau=4.0, sampler_seq="kt", typical_p=0.9)
-    sp = flag_values.typed(kw).sampling
+    sp = typed(kw).sampling
     assert (sp.dry_multiplier, sp.dry_base, sp.dry_sequence_breakers) == (0.5, 1.75, ("\n",))
     assert (sp.mirostat, sp.mirostat_tau, sp.typical_p) == (2, 4.0, 0.9)
     assert sp.samplers == ("top_k", "temperature")
     kw = flags.defaults("generate")
     kw.update(samplers="top_k;min_p", sampler_seq="kt")
     with pytest.raises(ConfigError, match="only one of --samplers and --sampler-seq"):
-        flag_values.typed(kw).sampling
+        typed(kw).sampling
 
 
 def _candidates(ctx, row: int, sp: SamplingParams, prompt=()) -> tuple:
@@ -149,17 +149,17 @@ def test_four_slots_with_different_samplers_equal_each_alone(make_engine):
 
 
 def test_ignore_eos_and_logit_bias_flags():
-    from ngramspec.engine import flag_values
+    from ngramspec.settings.typed import typed
     from ngramspec.settings import flags
 
     kw = flags.defaults("generate")
     kw.update(ignore_eos=True, logit_bias=("15043+1", "7-inf", "9 - 2.5"))
-    sp = flag_values.typed(kw).sampling
+    sp = typed(kw).sampling
     assert sp.ignore_eos and sp.logit_bias == ((15043, 1.0), (7, float("-inf")), (9, -2.5))
     kw = flags.defaults("generate")
     kw.update(logit_bias=("hello+1",))
     with pytest.raises(ConfigError, match="TOKEN"):
-        flag_values.typed(kw).sampling
+        typed(kw).sampling
 
 
 @pytest.mark.model

@@ -13,7 +13,7 @@ import pytest
 
 from ngramspec import NgramModParams, SpecConfig
 from ngramspec.engine.generate import GenerationResponse, TokenOutput, stream_generate
-from ngramspec.engine.sampling import json_grammar
+from ngramspec.settings.grammar import json_grammar
 from ngramspec.settings.sampling import SamplingParams
 from together import run_together
 

@@ -13,7 +13,7 @@ from ngramspec.settings.config import SpecConfig
 from ngramspec.settings.sampling import SamplingParams
 from ngramspec.server import render
 from ngramspec.jobs.scheduler import Job, Slot
-from ngramspec.server.settings import ServerSettings
+from ngramspec.settings.server import ServerSettings
 
 
 def test_alias_and_tags_are_a_sorted_set():

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from asgi_client import call
 from ngramspec.server.app import create_app
-from ngramspec.server.settings import ServerSettings
+from ngramspec.settings.server import ServerSettings
 
 PREFLIGHT = {"Access-Control-Request-Method": "POST",
              "Access-Control-Request-Headers": "Authorization"}

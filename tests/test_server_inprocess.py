@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from asgi_client import call
 from ngramspec.server.app import create_app
-from ngramspec.server.settings import ServerSettings
+from ngramspec.settings.server import ServerSettings
 
 
 def test_preflight_needs_neither_model_nor_key():

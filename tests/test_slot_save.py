@@ -14,7 +14,7 @@ import pytest
 
 from ngramspec.settings.config import SpecConfig, parse_spec_types
 from ngramspec.settings.sampling import SamplingParams
-from ngramspec.server.settings import ServerSettings
+from ngramspec.settings.server import ServerSettings
 from ngramspec.server.slot_actions import valid_filename
 from ngramspec.llama.twin import repack_is_safe
 

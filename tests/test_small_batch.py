@@ -37,7 +37,8 @@ def test_engine_loads_and_calibrates_with_a_small_batch(invariant, n_batch, thre
     """The router preset's flags (-c 1024 -b 16 -np 1): start-up probes, then a full
     calibration that runs every measurement (it used to crash only then); -b 1 too."""
     from ngramspec.settings.config import SpecConfig
-    from ngramspec.engine.runtime import EngineSettings, LoadOptions, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings, LoadOptions
 
     monkeypatch.setenv("NGRAMSPEC_CACHE_DIR", str(tmp_path))
     from ngramspec.speculative.policy import CostPolicy

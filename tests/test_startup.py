@@ -42,6 +42,7 @@ def test_embedded_model_is_hashed_once_per_file_version(fake_package):
 
 def test_a_twin_that_fails_to_load_fails_the_load_and_leaves_no_thread(monkeypatch, threads):
     from ngramspec.engine import runtime
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.llama.model import ModelError
 
     seen = []
@@ -53,7 +54,7 @@ def test_a_twin_that_fails_to_load_fails_the_load_and_leaves_no_thread(monkeypat
     monkeypatch.setattr(runtime, "load_twin", broken)
     monkeypatch.setattr(runtime, "repack_is_safe", lambda: True)
     with pytest.raises(ModelError, match="twin broke"):
-        runtime.load_engine(runtime.EngineSettings(n_ctx=512, threads=threads))
+        runtime.load_engine(EngineSettings(n_ctx=512, threads=threads))
     assert seen and threading.current_thread() not in seen
     assert not any(t.is_alive() for t in seen)
 
@@ -63,6 +64,7 @@ def test_the_twin_loads_beside_the_main_model(monkeypatch, threads):
     import time
 
     from ngramspec.engine import runtime
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.llama.model import Model
 
     if not runtime.repack_is_safe():
@@ -76,7 +78,7 @@ def test_the_twin_loads_beside_the_main_model(monkeypatch, threads):
         spans["twin" if kw.get("use_extra_bufts") else "main"] = (t0, time.perf_counter())
 
     monkeypatch.setattr(Model, "__init__", timed)
-    engine = runtime.load_engine(runtime.EngineSettings(n_ctx=512, threads=threads))
+    engine = runtime.load_engine(EngineSettings(n_ctx=512, threads=threads))
     try:
         assert engine.ctx.twin is not None
         (m0, m1), (t0, t1) = spans["main"], spans["twin"]

@@ -111,10 +111,10 @@ def test_context_shift_asks_for_a_full_size_cache(make_engine, model):
 
 def test_the_server_turns_swa_full_on_with_context_shift():
     from ngramspec.engine.runtime import context_params
-    from ngramspec.server.settings import ServerSettings, engine_settings
+    from ngramspec.settings.server import ServerSettings
 
-    assert engine_settings(ServerSettings(context_shift=True)).options.swa_full is True
-    plain = engine_settings(ServerSettings()).options
+    assert ServerSettings(context_shift=True).engine_settings().options.swa_full is True
+    plain = ServerSettings().engine_settings().options
     assert plain.swa_full is False
     assert context_params(4096, 1, 2, plain, True)[0].swa_full is None  # window with a twin
     assert context_params(4096, 1, 2, plain, False)[0].swa_full is True  # as before

@@ -32,12 +32,12 @@ def test_repack_only_on_avx2_cpus_that_do_not_advertise_amx():
 
 def test_no_repack_flag_reaches_the_load_options():
     from ngramspec.settings import flags
-    from ngramspec.engine import flag_values
+    from ngramspec.settings.typed import typed
 
     kw = flags.defaults("serve")
-    assert flag_values.typed(dict(kw)).engine.options.repack is True
+    assert typed(dict(kw)).engine.options.repack is True
     kw["repack"] = False
-    assert flag_values.typed(kw).engine.options.repack is False
+    assert typed(kw).engine.options.repack is False
 
 
 @pytest.mark.model
@@ -106,7 +106,8 @@ def test_the_twin_maps_no_output_layer(twin_model, threads):
     computes no logits, so its mapping never holds the 170 MiB output layer)."""
     if twin_model is None:
         pytest.skip("this CPU does not repack (no AVX2, or it advertises AMX)")
-    from ngramspec.engine.runtime import EngineSettings, load_engine
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
     from ngramspec.settings.sampling import SamplingParams
 
     path = str(twin_model.path.resolve())

@@ -35,7 +35,7 @@ def batch(engine_or_path: Any, records: Iterable[dict | str], parallel: int = 4,
     `spec`: the loaded model's speculation (None: auto, as the command's default).
     `previous`: results files of earlier runs, as `ngramspec batch --previous`."""
     from ..engine.engine import Engine
-    from ..engine.runtime import EngineSettings
+    from ..settings.engine import EngineSettings
 
     defaults = Defaults(sampling or SamplingParams(temperature=0.0), n_predict, cache_prompt)
     texts = load_previous(list(previous))  # before the model loads: a bad file stops here

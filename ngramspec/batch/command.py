@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from ..settings import click_options
-from ..engine import flag_values
+from ..settings.typed import typed
 from ..console import err_console
 from ..errors import ConfigError
 
@@ -71,7 +71,7 @@ def batch(ctx: click.Context, input_path, output_path, n_predict, parallel, orde
     if output_path == "-" or (input_path != "-" and Path(input_path).resolve() ==
                               Path(output_path).resolve()):
         raise ConfigError("-o/--output must be a file other than INPUT (it is read back to resume)")
-    t = flag_values.typed(kw, n_seq=parallel, verbose=verbose)
+    t = typed(kw, n_seq=parallel, verbose=verbose)
     load = dict(settings=t.engine, defaults=Defaults(t.sampling, n_predict, kw.pop("cache_prompt")))
     output = OutputFile(output_path)
     done = output.recover()  # before the model loads: a foreign OUTPUT stops us here

@@ -66,7 +66,7 @@ class EngineRunner:
     @classmethod
     def load(cls, settings, defaults: Defaults = Defaults(),
              notify: Callable[[str], None] = lambda line: None) -> "EngineRunner":
-        """Load the engine of `settings` (runtime.EngineSettings); its n_seq sequences
+        """Load the engine of `settings` (settings/engine.EngineSettings); its n_seq sequences
         are the slots."""
         from ..engine.runtime import load_engine
 

@@ -14,7 +14,7 @@ from .generate import read_prompt
 from ..bench.command import FIXTURE_DIR, print_bench
 from ..bench.pipeline_table import print_pipeline
 from ..console import err_console, out_console
-from ..engine import flag_values
+from ..settings.typed import typed
 from ..errors import ConfigError
 from ..settings import click_options
 
@@ -146,7 +146,7 @@ def _fixtures(ctx: click.Context, prompt_files, n_predict, reps, workloads, no_o
         t = B.split_mode(mode)[0]  # TYPES[:POLICY]
         parse_spec_types(t)  # each mode is validated on its own
         check_draft_model(t, kw["model_draft"] is not None)
-    t = flag_values.typed(kw, verbose=bool(ctx.obj.get("verbose")))
+    t = typed(kw, verbose=bool(ctx.obj.get("verbose")))
     spec = t.spec
     settings = replace(t.engine, spec=spec.with_types("auto"))
     if reps < 1 or n_predict < 1:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from ..console import err_console
-from ..engine import flag_values
+from ..settings.typed import typed
 from ..errors import ConfigError
 from ..settings import click_options
 
@@ -46,7 +46,7 @@ def generate(ctx: click.Context, prompt, prompt_file, n_predict, as_json, verbos
     if verbose:
         ctx.obj["verbose"] = True
     text = read_prompt(prompt, prompt_file)
-    t = flag_values.typed(kw, verbose=bool(ctx.obj.get("verbose")))
+    t = typed(kw, verbose=bool(ctx.obj.get("verbose")))
     sampling, settings, spec = t.sampling, t.engine, t.spec
     with err_console.status("loading model ..."):
         engine = load_engine(settings, notify=lambda line: err_console.print(line))

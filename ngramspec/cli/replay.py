@@ -8,7 +8,7 @@ import click
 
 from ..bench.replay import print_replay
 from ..console import err_console
-from ..engine import flag_values
+from ..settings.typed import typed
 from ..errors import ConfigError
 from ..settings import click_options
 
@@ -31,7 +31,7 @@ def replay(streams: tuple[str, ...], max_draft: int | None, cost_history: int, a
     from ..bench.replay import drafter_cost, load_stream, replay_types
     from ..settings.config import SPEC_TYPES
 
-    config = flag_values.typed(kwargs, need_draft=False).spec
+    config = typed(kwargs, need_draft=False).spec
     if config.auto:
         raise ConfigError("replay runs without a model, so it cannot measure the verify cost "
                           "that 'auto' needs; name spec types instead (e.g. --spec-type ngram-mod)")

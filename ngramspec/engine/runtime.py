@@ -1,13 +1,14 @@
-"""Build an Engine from user-level settings (model paths, sizes, speculation)."""
+"""Build an Engine from its settings (settings/engine.EngineSettings: model paths, sizes,
+speculation)."""
 from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Callable
 
 from ..llama import file_pages
 from ..settings.config import SpecConfig
+from ..settings.engine import EngineSettings, LoadOptions
 from ..speculative.cost import Calibration, calibrate_context
 from .engine import Engine
 from ..errors import ConfigError
@@ -23,27 +24,6 @@ from ..llama.twin import load_twin, open_context, repack_is_safe
 
 def default_threads() -> int:
     return max(os.cpu_count() or 1, 1)
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """llama.cpp settings a user may set on the command line (-b, -ub, -fa, -kvu, -tb,
-    -ngl, --load-mode, --no-repack); `context_params` decides what of them is applied."""
-
-    n_batch: int = 512
-    n_ubatch: int | None = None
-    flash_attn: str = "auto"  # on | off | auto
-    kv_unified: bool | None = None
-    threads_batch: int | None = None
-    n_gpu_layers: int = 0
-    load_mode: int = -1
-    repack: bool = True  # exact mode: prompts on the repacked twin (ngramspec/llama/twin.py)
-    swa_full: bool = False  # --swa-full (or --context-shift): full-size SWA cache
-    cache_type_k: str = "f16"  # -ctk/-ctv: KV cache types (model.KV_TYPES)
-    cache_type_v: str = "f16"
-    # every decode of one fixed shape (llama/fixed_shape.py): None = where exactness needs
-    # it (layers on a device); True also on the CPU (tests: the same code without a GPU)
-    fixed_shape: bool | None = None
 
 
 def context_params(n_ctx: int, n_seq: int, threads: int, opts: LoadOptions,
@@ -184,24 +164,6 @@ def _load_models(model_path: str | None, opts: LoadOptions, batch_invariant: boo
     if twin is not None and opts.load_mode not in MLOCK_MODES:  # the twin's copy, else all
         file_pages.drop(path, twin.file_span)
     return model, twin
-
-
-@dataclass(frozen=True)
-class EngineSettings:
-    """Everything `load_engine` needs: the one object generate, serve, batch and bench
-    build (`flag_values.typed` from the flag table; the server from its settings,
-    which the same table defines) and pass."""
-
-    model: str | None = None  # None: the embedded model
-    model_draft: str | None = None
-    n_ctx: int = 4096
-    threads: int | None = None  # None: every core
-    spec: SpecConfig = field(default_factory=lambda: SpecConfig(types=()))
-    n_seq: int = 1
-    draft_p_min: float = 0.0
-    batch_invariant: bool = True
-    options: LoadOptions = field(default_factory=LoadOptions)
-    verbose: bool = False
 
 
 @on_passing_thread

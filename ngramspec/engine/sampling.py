@@ -272,32 +272,3 @@ class Sampler:
             self.close()
         except Exception:
             pass
-
-
-def json_grammar() -> str:
-    """llama.cpp's generic JSON grammar (GBNF)."""
-    from llama_cpp.llama_grammar import JSON_GBNF
-
-    return JSON_GBNF
-
-
-def schema_grammar(schema: dict | str) -> str:
-    """GBNF for a JSON schema, or ConfigError naming what is wrong (unparsable, no value
-    satisfies it, or beyond the grammar's limits: schema_check.py)."""
-    import json
-
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
-
-    from ..settings import strict_json
-    from ..settings.schema_check import check_schema
-
-    if isinstance(schema, str):
-        parsed = strict_json.loads(schema, "JSON schema")  # depth checked there
-    else:
-        parsed = schema
-        strict_json.check_depth(parsed, "JSON schema")
-    check_schema(parsed)
-    try:
-        return json_schema_to_gbnf(json.dumps(parsed))
-    except Exception as e:  # the converter raises assorted errors on bad schemas
-        raise ConfigError(f"invalid JSON schema: {e}") from None

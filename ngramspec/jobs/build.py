@@ -23,7 +23,7 @@ from .prediction import prediction_tokens
 from .samplers import other_samplers
 from .scheduler import Job
 from ..engine.engine import output_budget
-from ..engine.sampling import json_grammar, schema_grammar
+from ..settings.grammar import json_grammar, schema_grammar
 from ..settings.sampling import SamplingParams, seed_or_random
 from ..errors import ConfigError
 from ..llama.model import ContextOverflow

@@ -1,6 +1,6 @@
 """llama-server-compatible HTTP server for ngramspec (`ngramspec serve`).
 
-Modules: command (the click command), settings (ServerSettings), app (create_app),
+Modules: command (the click command; its ServerSettings come from settings/), app (create_app),
 routes_native / routes_openai (the endpoints), prepare and sampling_request (request ->
 job), run (jobs on the scheduler from the event loop; disconnects), render and probs
 (response JSON), embeddings, slot_actions (slot save, restore, erase), metrics
@@ -20,7 +20,7 @@ def __getattr__(name):  # lazy: importing the package must not import fastapi
 
         return create_app
     if name == "ServerSettings":
-        from .settings import ServerSettings
+        from ..settings.server import ServerSettings
 
         return ServerSettings
     raise AttributeError(name)

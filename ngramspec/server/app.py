@@ -20,7 +20,7 @@ from .cors import CORSMiddleware, CORSPolicy
 from .cors_proxy import cors_proxy_router
 from .errors import install_handlers
 from .embeddings import embedding_router
-from .settings import ServerSettings
+from ..settings.server import ServerSettings
 from .slot_actions import slot_actions_router
 from .state import ServerState, ready_state, require_key
 

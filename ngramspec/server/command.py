@@ -44,12 +44,12 @@ def serve(ctx: click.Context, **kw: Any) -> None:
     X-Ngramspec-Speculative: off).
     """
     from ..jobs.chat import check_template
-    from .settings import from_flags
+    from ..settings.typed import typed
 
     for line in click_options.warnings_for(ctx, "serve", kw):
         click.echo(f"ngramspec serve: {line}", err=True)
     click_options.pop_unused(kw)
-    settings = from_flags(kw)
+    settings = typed(kw, serve=True).server
     verbose = bool(settings.verbose or (ctx.obj or {}).get("verbose"))
     if verbose and ctx.obj is not None:
         ctx.obj["verbose"] = True

@@ -18,7 +18,7 @@ from fastapi import Request
 from ..speculative.stats import calibration_line
 from .errors import APIError, loading_error
 from ..jobs.scheduler import Scheduler
-from .settings import ServerSettings, engine_settings
+from ..settings.server import ServerSettings
 
 log = logging.getLogger("ngramspec.server")
 
@@ -49,7 +49,7 @@ class ServerState:
             if engine_factory is None:
                 from ..engine.runtime import load_engine
 
-                engine = load_engine(engine_settings(s), notify=log.warning)
+                engine = load_engine(s.engine_settings(), notify=log.warning)
             else:
                 engine = engine_factory()
             self.n_ctx_slot = engine.ctx.n_ctx // s.n_parallel

@@ -435,7 +435,7 @@ def settings_fields() -> list[tuple[str, Any, Any]]:
 def sampling_fields() -> dict[str, str]:
     """{flag dest: SamplingParams field} of the flags that give a field its value as it is
     (`_sampler`'s); the others (grammar, schema, logit bias, breakers, order) are read by
-    engine/flag_values.py."""
+    settings/sampling_flags.py."""
     return {f.dest: f.field for f in FLAGS if f.target == _S and f.field in SAMPLING_DEFAULTS}
 
 

@@ -1,9 +1,10 @@
-"""Server settings, built from the one flag table (`ngramspec.settings.flags.FLAGS`).
+"""`ngramspec serve`'s settings, built from the one flag table (`ngramspec.settings.flags.FLAGS`).
 
 `ServerSettings` has one field per model/request/server flag of `ngramspec serve`
 (same default, named by `Flag.settings_field`), plus the composite `spec`
 (SpecConfig) and `sampling` (SamplingParams) built from the spec and sampling
-flags. `create_app` reads it; request defaults (sampling, n_predict,
+flags (settings/typed.py builds it from serve's flag values). The server
+(server/app.py `create_app`) reads it; request defaults (sampling, n_predict,
 cache_prompt, speculation) come from the same flags, as in llama-server.
 
 Values a flag parses (comma lists such as --host, --alias, --api-key; -ngl) are
@@ -22,15 +23,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..settings import flags
-from ..engine import flag_values
-from ..settings.config import SpecConfig
 from ..errors import ConfigError
-from ..settings.sampling import SamplingParams
+from . import flags
+from .config import SpecConfig
+from .engine import EngineSettings, engine_from_flags
+from .sampling import SamplingParams
+from .sampling_flags import sampling_from_flags
 
 
 def _default_sampling() -> SamplingParams:
-    return flag_values.typed(flags.defaults("serve", ("sampling",))).sampling
+    return sampling_from_flags(flags.defaults("serve", ("sampling",)))
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,16 @@ class ServerSettings:
         them in a std::set), else the model file's name."""
         return self.alias[0] if self.alias else loaded_name
 
+    def engine_settings(self) -> EngineSettings:
+        """The EngineSettings of these settings: their model and load flags' values through
+        `engine_from_flags` (the same table as every command), their SpecConfig and -np
+        slots."""
+        values = {f.dest: getattr(self, f.settings_field)
+                  for f in flags.for_command("serve", ("model",))}
+        # a window-size cache cannot shift: --context-shift keeps the full-size one
+        values["swa_full"] = values["swa_full"] or self.context_shift
+        return engine_from_flags(values, self.n_parallel, bool(self.verbose), self.spec)
+
 
 def _api_keys(keys: tuple[str, ...] | str | None, path: str | None) -> tuple[str, ...]:
     """--api-key (comma list) plus --api-key-file's lines ('#' lines are comments)."""
@@ -146,21 +158,3 @@ def _api_keys(keys: tuple[str, ...] | str | None, path: str | None) -> tuple[str
             raise ConfigError(f"cannot read --api-key-file {path}: {e.strerror}") from None
         out += [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     return tuple(out)
-
-
-
-def from_flags(values: dict[str, Any]) -> "ServerSettings":
-    """ServerSettings from `ngramspec serve`'s parsed flags: the model, request and server
-    flags are its fields; `flag_values.typed` builds the SpecConfig and SamplingParams of
-    the rest."""
-    fields = flags.settings_values(values)
-    t = flag_values.typed(values, model_draft=fields.get("model_draft"))
-    return ServerSettings(**fields, spec=t.spec, sampling=t.sampling)
-
-
-def engine_settings(s: "ServerSettings"):
-    """The runtime.EngineSettings of `s`: its model and load flags' values through
-    `flag_values.typed` (the same table as every command), its SpecConfig and -np slots."""
-    values = {f.dest: getattr(s, f.settings_field) for f in flags.for_command("serve", ("model",))}
-    values["swa_full"] = values["swa_full"] or s.context_shift  # a window-size cache cannot shift
-    return flag_values.typed(values, n_seq=s.n_parallel, verbose=s.verbose, spec=s.spec).engine
