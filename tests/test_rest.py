@@ -74,6 +74,28 @@ def test_a_trial_that_does_not_pay_waits_longer_before_the_next():
     assert not all(watching) and any(watching)
 
 
+def test_declined_wakes_make_the_watch_wait_and_a_drafted_one_resets_it():
+    """A wake the planner declines doubles the steps before the watch looks again (up to
+    MAX_WAKE_GAP); a wake whose draft was verified lets it look at every step again."""
+    rest = Rest()
+    for _ in range(200):
+        _step(rest, host=0.001)
+    assert not rest.active and rest.watching
+    looks = 0
+    for _ in range(200):  # the watch matches whenever it looks; the planner declines
+        if not rest.active and rest.watching:
+            looks += 1
+            rest.wake()
+        _step(rest, host=0.001)
+    assert rest._wake_gap == Rest.MAX_WAKE_GAP
+    assert looks <= 1 + 6 + 200 // Rest.MAX_WAKE_GAP  # 1, 2, 4, ... then every MAX_WAKE_GAP
+    while not rest.watching:
+        _step(rest, host=0.001)
+    rest.wake()
+    _step(rest, host=0.001, drafted=True, accepted=2, drafted_len=3, measured=PLAIN * 1.2)
+    assert rest._wake_gap == 0 and rest.watching
+
+
 def test_the_policies_count_rested_steps():
     from ngramspec.speculative.cost import DecodeCost
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy

@@ -23,7 +23,12 @@ sequence proposes the watch's draft alone (the other drafters are not asked: at 
 of the 4-block model the planner declined 690 of 703 such wakes, each of which had asked
 all four) and the step is measured as an active one (`wake`), so a draft accepted whole
 there starts a trial as well; not during the wait after a failed trial (`watching`),
-where it would only start the trial that failed.
+where it would only start the trial that failed. A wake the planner declines (no draft
+of it verified) doubles the steps before the watch looks again (up to MAX_WAKE_GAP); a
+drafted one resets them: at several slots of a fast decode a lone draft costs an ubatch
+of its own (per-sequence KV streams split decodes into equal ubatches), so the planner
+declined 605 of 617 wakes of the 4-block model at 4 slots, each paying its proposal, its
+plan and its scoring (~100 us in-run) for nothing.
 
 Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
 copies its input keeps drafting while the others rest, and a resting sequence that follows
@@ -50,6 +55,7 @@ class Rest:
     MAX_PERIOD = 32
     TRIAL = 8  # active steps after a resting step's draft was accepted whole
     MAX_GAP = 256
+    MAX_WAKE_GAP = 32  # steps the watch waits after declined wakes, at most
 
     def __init__(self) -> None:
         self._decay = 0.5 ** (1.0 / self.HALF_LIFE)
@@ -68,12 +74,15 @@ class Rest:
         self._wait = 0  # steps since the last trial ended
         self._whole = False  # a draft of the last drafted decode was accepted whole
         self._woken = False  # a resting step in which a sequence proposes (`wake`)
+        self._wake_gap = 0  # steps the watch waits after the last wake (declined: doubled)
+        self._since_wake = 0  # steps since the last wake
 
     @property
     def watching(self) -> bool:
         """Whether a resting step may look for a copy (`wake`): not while the wait after a
-        failed trial lasts (a copy seen there would only start a trial that failed)."""
-        return self._wait >= self._gap
+        failed trial lasts (a copy seen there would only start a trial that failed), nor
+        within the wait after declined wakes (module docstring)."""
+        return self._wait >= self._gap and self._since_wake >= self._wake_gap
 
     def wake(self) -> None:
         """A sequence proposes in this resting step (its chain's watch saw a copy begin):
@@ -97,6 +106,10 @@ class Rest:
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
+        self._since_wake += 1
+        if woken:
+            self._since_wake = 0
+            self._wake_gap = 0 if drafted else min(self.MAX_WAKE_GAP, max(1, 2 * self._wake_gap))
         if self.active or woken:
             self.decode_s += measured_s
             self.host += self._step_host
