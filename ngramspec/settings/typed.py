@@ -44,7 +44,8 @@ def typed(values: dict[str, Any], n_seq: int = 1, verbose: bool = False,
     spec = _spec(values, values.get("model_draft", fields.get("model_draft")), need_draft)
     sampling = sampling_from_flags(values) if "temp" in values else None
     if serve:
-        server = ServerSettings(**fields, spec=spec, sampling=sampling)
+        server = ServerSettings(**fields, spec=spec,
+                                **({} if sampling is None else {"sampling": sampling}))
         return Typed(spec, server.sampling, server.engine_settings(), server)
     engine = engine_from_flags(values, n_seq, verbose, spec) if "ctx_size" in values else None
     return Typed(spec, sampling, engine)
