@@ -16,10 +16,10 @@ current lengths (equal lengths share ubatches), keeping any change that raises t
 objective, until a round changes nothing; each plan is priced once. The search runs in C
 (drafting.c `ngs_ascend`: the same arithmetic in the same order, so the same lengths) where
 the context has one KV stream per sequence and the library is loaded, else here. A decode
-of one sequence is solved in closed form instead: every length
-priced at once from the model's per-length table, after a bound that says "no draft"
-without pricing anything (`_alone`); that is exactly `acceptance.best_length`
-(llama.cpp's single-slot case with cost).
+of one sequence is solved in closed form instead: every length priced at once from the
+model's per-length table, after a bound that says "no draft" without pricing anything
+(`_alone`); that is exactly `acceptance.best_length` (llama.cpp's single-slot case with
+cost).
 
 Invariants: K_i <= the sequence's options and its per-sequence row limit; the
 total stays within `total_max`; the fixed policy takes each draft whole, in order,
