@@ -164,3 +164,62 @@ def test_expected_tokens_in_c_equal_numpys(monkeypatch):
             c.update(k, n)
             py.update(k, n)
         assert np.array_equal(c.expected_tokens(), py.expected_tokens())
+
+
+def _chain_run(monkeypatch, native_on: bool, types: list, first_only: bool, seed: int):
+    """A chain of `types` over a generation with repeats: every step's proposals, then
+    the pool's table and count and every drafter's state row (C: one `ngs_propose` a step)."""
+    from ngramspec.settings.config import SpecConfig
+    from ngramspec.speculative.drafters import DrafterChain
+
+    import itertools
+
+    from ngramspec.speculative.drafters import index
+
+    monkeypatch.setenv(native.ENV, "1" if native_on else "0")
+    monkeypatch.setattr(index, "_epochs", itertools.count(1))  # the same salts both times
+    rng = np.random.default_rng(seed)
+    hist = _history(rng, 1400, 12)
+    pool = HashPool(1 << 14)  # 2048 slots: the namespaces collide
+    chain = DrafterChain(SpecConfig(types=tuple(types), draft_min=2), pool)
+    assert (chain._params is not None) == native_on
+    log = []
+    for seq in (0, 1):
+        chain.begin(seq, hist[:200 + 50 * seq])
+    L = {0: 200, 1: 250}
+    while L[0] < 1300:
+        for seq in (0, 1):
+            n = L[seq]
+            props = (chain.watch(seq, hist[:n], int(hist[n]), 40) if n % 7 == 0 else
+                     chain.propose(seq, hist[:n], int(hist[n]), 40, first_only=first_only))
+            log.append([(d.name, dr.tolist()) for d, dr in props])
+            if props:
+                d, dr = props[-1]
+                chain.commit(seq, d, dr)
+                acc = int(np.argmax(np.append(dr != hist[n + 1:n + 1 + len(dr)], True)))
+                chain.accept(seq, acc)
+                L[seq] += acc
+            L[seq] += 1 + int(rng.integers(0, 2))
+    rows = [d.row(s).tolist() for d in chain.drafters if hasattr(d, "row") for s in (0, 1)]
+    stats = [(s.n_call_draft, s.n_prop_drafts, s.n_prop_tokens) for s in chain.stats.values()]
+    return log, pool.table.copy(), pool.used, rows, stats
+
+
+@pytest.mark.parametrize("first_only", [False, True])
+@pytest.mark.parametrize("types", [
+    ["ngram-simple", "ngram-map-k", "ngram-mod"],
+    ["ngram-mod", "ngram-map-k4v", "ngram-simple"],
+    ["ngram-map-k", "ngram-simple"],
+])
+def test_a_chain_in_one_call_equals_its_drafters_in_python(monkeypatch, types, first_only):
+    """`ngs_propose` (native_chain.py) against the drafters' Python `draft` in order: the
+    same proposals step after step (watches too), the same pool slots and count, the same
+    state rows and counters, with an ngram-map-k4v drafted in Python between C calls and
+    ngram-mod's chunks added in Python."""
+    for seed in (5, 6):
+        got = _chain_run(monkeypatch, True, types, first_only, seed)
+        want = _chain_run(monkeypatch, False, types, first_only, seed)
+        assert got[0] == want[0]
+        np.testing.assert_array_equal(got[1], want[1])
+        assert got[2:] == want[2:]
+        assert sum(len(p) for p in got[0]) > 20  # drafted: the copies were found

@@ -97,14 +97,14 @@ def test_declined_wakes_make_the_watch_wait_and_a_drafted_one_resets_it():
 
 
 def test_the_policies_count_rested_steps():
-    from ngramspec.speculative.cost import DecodeCost
+    from ngramspec.speculative.cost import DecodeCost, Shape
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy
 
     assert FixedPolicy().n_rested == 0 and FixedPolicy().rest_of(0) is None
     pol = CostPolicy(DecodeCost.linear(PLAIN, 0.0005), compare_all=True)
     for _ in range(100):
         pol.rests.spent(0, 0.0004)
-        pol.rests.decode([0, 1], [0, 0], 0.0, PLAIN)
+        pol.rests.decode([Shape(0, 1, 1), Shape(1, 1, 1)], 0.0, PLAIN)
     assert pol.n_rested == pol.rest_of(0).n_rested + pol.rest_of(1).n_rested
     assert pol.rest_of(0).n_rested > 50 and pol.rest_of(1).n_rested == 0  # 1 spent nothing
 
@@ -113,12 +113,13 @@ def test_a_decode_is_shared_out_between_its_sequences():
     """Each sequence's Rest gets the plain decode's share; the verify's extra seconds go
     to the sequences that drafted, by draft length; a step's shared host time to those
     that worked in it."""
+    from ngramspec.speculative.cost import Shape
     from ngramspec.speculative.rest import Rests
 
     rests = Rests()
     rests.spent(0, 0.0001)
     rests.spent(None, 0.0004)
-    rests.decode([0, 1, 2], [3, 0, 1], 0.003, 0.007)
+    rests.decode([Shape(0, 4, 4), Shape(1, 1, 1), Shape(2, 2, 2)], 0.003, 0.007)
     r0, r1, r2 = (rests.of(i) for i in range(3))
     assert abs(r0.host - 0.0005) < 1e-12 and r1.host == r2.host == 0.0
     assert r0._open == (0.001, 0.001 + 0.004 * 3 / 4, 1) and r1._open is None

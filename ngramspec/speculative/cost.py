@@ -28,7 +28,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -44,9 +44,9 @@ FEATURES = ("ubatches", "tokens", "logit rows", "token-kilocells", "ragged ubatc
 COEF_FIELDS = ("per_ubatch", "per_token", "per_logit", "per_kv", "per_odd", "per_multi")
 
 
-@dataclass(frozen=True)
-class Shape:
-    """One entry of a decode: a sequence's tokens, how many want logits, its stream's cells."""
+class Shape(NamedTuple):
+    """One entry of a decode: a sequence's tokens, how many want logits, its stream's cells
+    (a named tuple: the engine makes one per sequence per step)."""
 
     seq_id: int
     n_tokens: int

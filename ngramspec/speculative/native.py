@@ -25,6 +25,8 @@ _SIGNATURES = {  # name -> (restype, argtypes): drafting.c's functions
     "ngs_find": (_I64, (_P, C.c_int, _U64, _P, _I64, _I32, C.c_int, _P)),
     "ngs_index_find": (_I64, (_P, C.c_int, _U64, _P, _I64, _I32, C.c_int, C.c_int, C.c_int, _P,
                               _P)),
+    "ngs_propose": (C.c_int, (_P, C.c_int, _I64, _P, _I64, _I32, C.c_int, C.c_int, C.c_int,
+                              C.c_int, C.c_int, _P, _P, _P, C.c_int, _P, _P, _P)),
     "ngs_layout_features": (C.c_int, (_P, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, _P, _P)),
     "ngs_expected": (None, (_P, _P, C.c_int, C.c_double, C.c_double, _P, C.c_int)),
     "ngs_ascend": (C.c_int, (_P, _P, _P, _P, C.c_int, _P, _P, _P, C.c_int, _P, C.c_double,

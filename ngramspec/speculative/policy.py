@@ -296,13 +296,15 @@ class CostPolicy:
         verifies (a curve that never saw one is the scaled prior's guess, not worth
         caching), keep the learnt curve for `flush` to save (no file I/O in a step)."""
         verified = any(s.n_tokens > 1 for s in shapes)
-        drafted = not self.probe.open and verified
-        kvs = [s.n_kv for s in shapes]
-        predicted = self.cost.price(tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes),
-                                    kvs) if drafted else 0.0
-        plain = self.cost.price(tuple((s.seq_id, 1, 1) for s in shapes), kvs) if verified else 0.0
-        self.rests.decode([s.seq_id for s in shapes], [s.n_tokens - 1 for s in shapes], plain,
-                          seconds)
+        predicted = plain = 0.0
+        if verified:
+            kvs = [s.n_kv for s in shapes]
+            plain = self.cost.price(tuple((s.seq_id, 1, 1) for s in shapes), kvs)
+            if not self.probe.open:
+                predicted = self.cost.price(
+                    tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes), kvs)
+        drafted = predicted > 0.0
+        self.rests.decode(shapes, plain, seconds)
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)
         self.realized.decode(len(shapes), predicted, seconds, drafted)

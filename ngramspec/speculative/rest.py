@@ -47,6 +47,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+from .cost import Shape
+
 
 class Rest:
     HALF_LIFE = 32.0  # steps
@@ -187,20 +189,24 @@ class Rests:
         else:
             self.of(seq_id).spent(seconds)
 
-    def decode(self, seq_ids: Sequence[int], drafted: Sequence[int], plain_s: float,
-               measured_s: float) -> None:
-        """A generation decode of the sequences `seq_ids` (drafted[i] draft tokens each;
-        plain_s: the plain decode's modelled seconds where any drafted, else 0) took
-        measured_s: each sequence's Rest gets its share (module docstring)."""
-        rests = [self.of(i) for i in seq_ids]
-        workers = [r for r in rests if r.worked] or rests
-        for r in workers:
-            r.spent(self._shared / len(workers))
-        self._shared = 0.0
-        n, total = len(rests), sum(drafted)
-        extra = measured_s - plain_s
-        for r, k in zip(rests, drafted):
-            if total:
-                r.decode(plain_s / n, plain_s / n + extra * k / total, 1, k > 0)
-            else:
+    def decode(self, shapes: Sequence[Shape], plain_s: float, measured_s: float) -> None:
+        """A generation decode of `shapes` (one per sequence; n_tokens - 1 draft tokens
+        each; plain_s: the plain decode's modelled seconds where any drafted, else 0)
+        took measured_s: each sequence's Rest gets its share (module docstring)."""
+        by = self._by
+        rests = [by.get(s.seq_id) or self.of(s.seq_id) for s in shapes]
+        shared, self._shared = self._shared, 0.0
+        if shared:
+            workers = [r for r in rests if r.worked] or rests
+            for r in workers:
+                r.spent(shared / len(workers))
+        n = len(rests)
+        total = sum(s.n_tokens for s in shapes) - n
+        if not total:
+            for r in rests:
                 r.decode(0.0, measured_s / n, 1, False)
+            return
+        extra = measured_s - plain_s
+        for r, s in zip(rests, shapes):
+            k = s.n_tokens - 1
+            r.decode(plain_s / n, plain_s / n + extra * k / total, 1, k > 0)

@@ -59,8 +59,8 @@ class CostTracker:
         self._xty = np.zeros(n)  # decayed sum of w y x
         self._log_ratio = np.zeros(2)  # decayed sum of log(measured / prior's), its weight
         self._resid = np.zeros(2)  # decayed sum of relative residuals, its weight
-        self._pending: list[tuple[tuple, tuple, float]] = []  # (entries, cells, seconds)
-        self._multi = np.zeros(self.WINDOW, dtype=bool)  # a decode with a multi-token entry
+        self._pending: list[tuple[Sequence[Shape], float]] = []  # (a decode's shapes, seconds)
+        self._multi = bytearray(self.WINDOW)  # 1: a decode with a multi-token entry
         self._n_multi = 0
         self._since = 0
         self.n_observed = 0  # decodes observed
@@ -76,12 +76,12 @@ class CostTracker:
 
     def observe(self, shapes: Sequence[Shape], seconds: float) -> DecodeCost:
         """Record one decode; the (possibly refitted) current model."""
-        live = [s for s in shapes if s.n_tokens > 0]
-        self._pending.append((tuple((s.seq_id, s.n_tokens, s.n_logits) for s in live),
-                              tuple(s.n_kv for s in live), float(seconds)))
+        live = shapes if all(s.n_tokens > 0 for s in shapes) else [
+            s for s in shapes if s.n_tokens > 0]
+        self._pending.append((live, float(seconds)))
         slot = self.n_observed % self.WINDOW
         multi = any(s.n_tokens > 1 for s in live)
-        self._n_multi += int(multi) - int(self._multi[slot])
+        self._n_multi += multi - self._multi[slot]
         self._multi[slot] = multi
         self.n_observed += 1
         self._since += 1
@@ -99,10 +99,11 @@ class CostTracker:
         m = len(rows)
         x = np.empty((m, len(COEF_FIELDS)))
         y = np.empty(m)
-        for j, (entries, kvs, sec) in enumerate(rows):
-            fixed, padded = self.prior._fixed(entries)
+        for j, (shapes, sec) in enumerate(rows):
+            fixed, padded = self.prior._fixed(tuple((s.seq_id, s.n_tokens, s.n_logits)
+                                                    for s in shapes))
             x[j] = fixed
-            x[j, 3] = sum(p * k for p, k in zip(padded, kvs)) / 1000.0
+            x[j, 3] = sum(p * s.n_kv for p, s in zip(padded, shapes)) / 1000.0
             y[j] = max(sec, 1e-9)
         r = np.abs(x @ self.current.coef - y) / y
         limit = 4.0 * (self._resid[0] / self._resid[1] if self._resid[1] else 1.0) + 1e-3

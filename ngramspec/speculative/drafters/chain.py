@@ -22,6 +22,7 @@ from ...errors import ConfigError
 from ..pool import HashPool
 from ..stats import DrafterStats
 from .base import EMPTY, Drafter
+from .native_chain import NativeChain, chain_params
 from .ngram_map import NgramMapK, NgramMapK4V
 from .ngram_mod import NgramMod
 from .ngram_simple import NgramSimple
@@ -98,7 +99,11 @@ class DrafterChain:
         self._last: dict[int, tuple[Drafter, int] | None] = {}
         self._cap = config.draft_max if config.draft_max is not None else 1 << 30
         self._min = max(config.draft_min, 1)
-        self._watcher = watcher(self.drafters)
+        w = watcher(self.drafters)
+        self._watch = None if w is None else self.drafters.index(w)  # the watcher's index
+        self._params = chain_params(self.pool, self.drafters)  # None: no drafter drafts in C
+        self._native: dict[int, NativeChain] = {}  # per sequence, from `begin` to `end`
+        self._stats_of = [self.stats[d.name] for d in self.drafters]
 
     def watch(self, seq_id: int, history: np.ndarray, sampled: int,
               max_len: int) -> list[tuple[Drafter, np.ndarray]]:
@@ -107,11 +112,11 @@ class DrafterChain:
         (rest.py), to see a copy begin; where it matches, the step's only proposal (the
         other drafters are not asked). Counted as a call of that drafter and, where it
         drafts, as its proposal; nothing is committed."""
-        d = self._watcher
         self._last[seq_id] = None
-        if d is None:
+        if self._watch is None:
             return []
-        return self._ask((d,), seq_id, history, sampled, max_len, True)
+        return self._ask(seq_id, history, sampled, max_len, True, lo=self._watch,
+                         hi=self._watch + 1)
 
     def _draft(self, d: Drafter, seq_id: int, history: np.ndarray, sampled: int,
                max_len: int) -> tuple[np.ndarray, DrafterStats]:
@@ -131,6 +136,8 @@ class DrafterChain:
             st = self.stats[d.name]
             st.t_begin_us += (time.perf_counter_ns() - t0) / 1e3
             st.n_call_begin += 1
+        if self._params is not None:
+            self._native[seq_id] = NativeChain(self.pool, self.drafters, self._params, seq_id)
 
     def propose(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int,
                 first_only: bool = True, extra: Sequence[Drafter] = ()) -> list[tuple[Drafter, np.ndarray]]:
@@ -139,25 +146,51 @@ class DrafterChain:
         draft_min long. With first_only, stop at the first such draft (llama.cpp's
         chain). Nothing is committed yet."""
         self._last[seq_id] = None
-        return self._ask((*extra, *self.drafters), seq_id, history, sampled, max_len, first_only)
+        return self._ask(seq_id, history, sampled, max_len, first_only, extra)
 
-    def _ask(self, drafters: Sequence[Drafter], seq_id: int, history: np.ndarray, sampled: int,
-             max_len: int, first_only: bool) -> list[tuple[Drafter, np.ndarray]]:
-        """`propose`'s loop over `drafters`: each draft cut to min(max_len, draft_max),
-        kept (and counted as a proposal) where at least draft_min long."""
+    def _ask(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int,
+             first_only: bool, extra: Sequence[Drafter] = (), lo: int = 0,
+             hi: int | None = None) -> list[tuple[Drafter, np.ndarray]]:
+        """`propose`'s asking of `extra`, then of the chain's drafters [lo, hi): each
+        draft cut to min(max_len, draft_max), kept (and counted as a proposal) where at
+        least draft_min long; in one C call for the chain's drafters where the sequence
+        has a NativeChain (`begin`)."""
         max_len = min(max_len, self._cap)
         out: list[tuple[Drafter, np.ndarray]] = []
         if max_len < self._min:
             return out
-        for d in drafters:
-            draft, st = self._draft(d, seq_id, history, sampled, max_len)
-            if len(draft) >= self._min:
-                out.append((d, draft[:max_len]))
-                st.n_prop_drafts += 1
-                st.n_prop_tokens += min(len(draft), max_len)
-                if first_only:
+        hi = len(self.drafters) if hi is None else hi
+        for d in extra:
+            self._keep(out, d, *self._draft(d, seq_id, history, sampled, max_len), max_len)
+            if first_only and out:
+                return out
+        plan = self._native.get(seq_id)
+        if plan is None:
+            for d in self.drafters[lo:hi]:
+                self._keep(out, d, *self._draft(d, seq_id, history, sampled, max_len), max_len)
+                if first_only and out:
                     break
+            return out
+        t0 = time.perf_counter_ns()
+        found, end = plan.ask(seq_id, history, sampled, max_len, self._min, first_only, lo, hi)
+        each = (time.perf_counter_ns() - t0) / 1e3 / max(end - lo, 1)
+        for st in self._stats_of[lo:end]:
+            st.n_call_draft += 1
+            st.t_draft_us += each
+        for j, draft in found:
+            st = self._stats_of[j]
+            st.n_prop_drafts += 1
+            st.n_prop_tokens += len(draft)
+            out.append((self.drafters[j], draft))
         return out
+
+    def _keep(self, out: list, d: Drafter, draft: np.ndarray, st: DrafterStats,
+              max_len: int) -> None:
+        """`draft` of `d` into `out`, counted as a proposal, where draft_min long."""
+        if len(draft) >= self._min:
+            out.append((d, draft[:max_len]))
+            st.n_prop_drafts += 1
+            st.n_prop_tokens += min(len(draft), max_len)
 
     def commit(self, seq_id: int, drafter: Drafter, draft: np.ndarray) -> np.ndarray:
         """Mark `draft` (from `drafter`) as the one verified this step."""
@@ -189,5 +222,6 @@ class DrafterChain:
 
     def end(self, seq_id: int) -> None:
         self._last.pop(seq_id, None)
+        self._native.pop(seq_id, None)
         for d in self.drafters:
             d.end(seq_id)

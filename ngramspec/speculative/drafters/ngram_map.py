@@ -34,6 +34,7 @@ from ...settings.config import NgramMapParams
 from ..hashing import key_of
 from ..pool import HashPool, mix_salt
 from .base import EMPTY
+from . import seq_row as R
 from .index import SeqIndex
 
 NS_FIRST = 0x52
@@ -88,7 +89,8 @@ def dominant(counts: list[tuple[int, int]]) -> int:
 
 
 class _MapBase:
-    """Shared lookup and statistics of ngram-map-k and -k4v."""
+    """Shared lookup and statistics of ngram-map-k and -k4v. A sequence's state is its
+    index's row (seq_row.py), with STATS_SALT and the last draft's key (LAST_H, LAST_SET)."""
 
     name = ""
     _ns_stats = 0
@@ -97,30 +99,33 @@ class _MapBase:
         self.n, self.m, self.min_hits = params.size_n, params.size_m, params.min_hits
         self.pool = pool
         self.index = SeqIndex(pool, self.n, keep="first", lag=self.m, namespace=NS_FIRST)
-        self._last: dict[int, tuple[int, int] | None] = {}  # seq -> (stats hash, salt)
-        self._salts: dict[int, tuple] = {}
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self.index.begin(seq_id, prompt)
-        self._last[seq_id] = None
+
+    def row(self, seq_id: int) -> np.ndarray:
+        """The sequence's state row (seq_row.py), STATS_SALT set."""
+        row = self.index.row(seq_id)
+        if not row[R.STATS_SALT]:
+            row[R.STATS_SALT] = mix_salt(self._ns_stats, int(row[R.SALT]))
+        return row
+
+    def native_params(self) -> np.ndarray:
+        """This drafter's parameter row for drafting.c (seq_row.params)."""
+        return self.index.params(R.PY, self.m, self.min_hits)
 
     def _salt(self, seq_id: int, ns: int) -> int:
-        """Per-request salt of statistics namespace `ns` (cached: mixing costs µs)."""
-        base = self.index.salt(seq_id)
-        cached = self._salts.get((seq_id, ns))
-        if cached is None or cached[0] != base:
-            cached = self._salts[(seq_id, ns)] = (base, mix_salt(ns, base))
-        return cached[1]
+        """Per-request salt of statistics namespace `ns`."""
+        if ns == self._ns_stats:
+            return int(self.row(seq_id)[R.STATS_SALT])
+        return mix_salt(ns, self.index.salt(seq_id))
 
     def end(self, seq_id: int) -> None:
         self.index.end(seq_id)
-        self._last.pop(seq_id, None)
-        for ns in (self._ns_stats, NS_ACC_K4V):
-            self._salts.pop((seq_id, ns), None)
 
     def _find(self, seq_id: int, history: np.ndarray, sampled: int):
         """(key hash, match position) or None."""
-        self._last[seq_id] = None
+        self.row(seq_id)[R.LAST_SET] = 0
         n, m = self.n, self.m
         if len(history) < 2 * n + m:
             self.index.sync(seq_id, history)
@@ -155,7 +160,8 @@ class _MapBase:
         length = min(self.m, self._n_accepted(h, salt), max_len)
         if length <= 0:
             return EMPTY
-        self._last[seq_id] = (h, salt)
+        row = self.row(seq_id)
+        row[R.LAST_H], row[R.LAST_SET] = h, 1
         return value[:length]
 
     def _n_accepted(self, h: int, salt: int) -> int:
@@ -167,16 +173,22 @@ class _MapBase:
         hits = v >> 16 if v >= 0 else 0
         self.pool.put(h, salt, (hits << 16) | min(n_accepted, 0xFFFF))
 
+    _accept_ns = 0  # the namespace of the key `accept` updates (0: _ns_stats)
+
     def accept(self, seq_id: int, n_accepted: int) -> None:
-        last = self._last.get(seq_id)
-        if last is not None:
-            self._set_accepted(last[0], last[1], n_accepted)
-            self._last[seq_id] = None
+        row = self.index._seqs.get(seq_id)
+        if row is not None and row[R.LAST_SET]:
+            row[R.LAST_SET] = 0
+            self._set_accepted(int(row[R.LAST_H]),
+                               self._salt(seq_id, self._accept_ns or self._ns_stats), n_accepted)
 
 
 class NgramMapK(_MapBase):
     name = "ngram-map-k"
     _ns_stats = NS_STATS_K
+
+    def native_params(self) -> np.ndarray:
+        return self.index.params(R.MAPK, self.m, self.min_hits)
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
         found = self._hit(seq_id, history, sampled, max_len)
@@ -190,6 +202,7 @@ class NgramMapK(_MapBase):
 class NgramMapK4V(_MapBase):
     name = "ngram-map-k4v"
     _ns_stats = NS_STATS_K4V
+    _accept_ns = NS_ACC_K4V
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
         found = self._hit(seq_id, history, sampled, max_len)

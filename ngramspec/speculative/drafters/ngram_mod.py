@@ -36,6 +36,7 @@ import numpy as np
 
 from ...settings.config import NgramModParams
 from ..pool import HashPool, mix_salt
+from . import seq_row as R
 from .base import EMPTY
 
 NS_MOD = 0x56
@@ -47,10 +48,12 @@ LOW_STREAK = 5
 
 @dataclass
 class _ModSeq:
-    i_last: int = 0  # n-grams starting before this position have been added
-    n_draft_last: int = 0
+    """A sequence's state: its row (seq_row.py: SALT the table's current salt, INDEXED
+    i_last: n-grams starting before it have been added, LAST_SET n_draft_last, START the
+    window start of the last draft's first lookup) and what only Python reads."""
+
+    row: np.ndarray
     n_low: int = 0
-    draft_start: int = 0  # window start of the last draft's first lookup
     covered: list = field(default_factory=list)  # [start, stop) windows already in the table
     covered_gen: int = 0
 
@@ -92,31 +95,50 @@ class NgramMod:
                                   start=a, end=b + self.n - 1)
 
     def reset_table(self) -> None:
-        """Forget every entry of this table (new salt); other namespaces are untouched."""
+        """Forget every entry of this table (new salt, in every sequence's row too); other
+        namespaces are untouched."""
         self.generation += 1
         self.salt = mix_salt(NS_MOD, self.n, self.generation)
+        for st in self._seqs.values():
+            st.row[R.SALT] = self.salt
         self.n_resets += 1
+
+    def row(self, seq_id: int) -> np.ndarray:
+        """The sequence's state row (seq_row.py)."""
+        return self._seq(seq_id).row
+
+    def native_params(self) -> np.ndarray:
+        """This drafter's parameter row for drafting.c (seq_row.params)."""
+        return R.params(R.MOD, self.n, self.n_max, minimum=self.n_min)
+
+    def _seq(self, seq_id: int) -> _ModSeq:
+        st = self._seqs.get(seq_id)
+        if st is None:
+            st = self._seqs[seq_id] = _ModSeq(R.new_row(self.salt))
+        return st
 
     # ------------------------------------------------------------------ protocol
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         if self.pool.occupancy > OCCUPANCY_RESET:
             self.pool.clear()
             self.n_resets += 1
-        st = self._seqs[seq_id] = _ModSeq()
+        st = self._seqs[seq_id] = _ModSeq(R.new_row(self.salt))
         if len(prompt) >= self.n:
             self._add(prompt, 0, len(prompt) - self.n)
-            st.i_last = len(prompt) - self.n
+            st.row[R.INDEXED] = len(prompt) - self.n
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
-        st = self._seqs.get(seq_id) or self._seqs.setdefault(seq_id, _ModSeq())
-        st.n_draft_last = 0
+        st = self._seq(seq_id)
+        row = st.row
+        row[R.LAST_SET] = 0
         n, L = self.n, len(history)
         if L < n:
             return EMPTY
-        if st.i_last + CHUNK < L:
+        i_last = int(row[R.INDEXED])
+        if i_last + CHUNK < L:
             skip = st.covered if st.covered_gen == self.generation else None
-            self._add(history, st.i_last, L - n, skip)
-            st.i_last = L - n
+            self._add(history, i_last, L - n, skip)
+            row[R.INDEXED] = L - n
             st.covered = []
         if max_len <= 0:
             return EMPTY
@@ -125,26 +147,27 @@ class NgramMod:
         if len(out) < self.n_min or not len(out):
             return EMPTY
         draft = out[:max_len]
-        st.n_draft_last = len(draft)
-        st.draft_start = L - n + 1
+        row[R.LAST_SET], row[R.START] = len(draft), L - n + 1
         return draft
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         st = self._seqs.get(seq_id)
-        if st is None or st.n_draft_last == 0:
+        n_draft = int(st.row[R.LAST_SET]) if st is not None else 0
+        if n_draft == 0:
             return
         if n_accepted:
             if st.covered_gen != self.generation:
                 st.covered, st.covered_gen = [], self.generation
-            st.covered.append((st.draft_start, st.draft_start + n_accepted))
-        if n_accepted / st.n_draft_last >= LOW_ACCEPT:
+            start = int(st.row[R.START])
+            st.covered.append((start, start + n_accepted))
+        if n_accepted / n_draft >= LOW_ACCEPT:
             st.n_low = 0
             return
         st.n_low += 1
         if st.n_low < LOW_STREAK:
             return
         st.n_low = 0
-        st.i_last = 0  # the next draft re-adds this sequence's whole history
+        st.row[R.INDEXED] = 0  # the next draft re-adds this sequence's whole history
         if len(self._seqs) <= 1:
             self.reset_table()
         else:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ...settings.config import NgramMapParams
 from ..pool import HashPool
+from . import seq_row as R
 from .base import EMPTY
 from .index import SeqIndex
 
@@ -32,6 +33,14 @@ class NgramSimple:
 
     def begin(self, seq_id: int, prompt: np.ndarray) -> None:
         self.index.begin(seq_id, prompt)
+
+    def row(self, seq_id: int) -> np.ndarray:
+        """The sequence's state row (seq_row.py): its index's."""
+        return self.index.row(seq_id)
+
+    def native_params(self) -> np.ndarray:
+        """This drafter's parameter row for drafting.c (seq_row.params)."""
+        return self.index.params(R.SIMPLE, self.m)
 
     def draft(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int) -> np.ndarray:
         n, m, L = self.n, self.m, len(history)

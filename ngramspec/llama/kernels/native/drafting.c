@@ -120,6 +120,130 @@ int64_t ngs_index_find(uint64_t *table, int shift, uint64_t salt, const int32_t 
     return ngs_find(table, shift, salt, hist, L, last, n, hash_out);
 }
 
+/* ---------------------------------------------------------------- one sequence's chain
+ * A drafter chain's proposals for one sequence in one call (speculative/drafters/native_chain.py
+ * `NativeChain`), each drafter as its Python `draft` computes it (ngram_simple.py,
+ * ngram_map.py's NgramMapK, ngram_mod.py). Per drafter, constant parameters p[NGS_P_FIELDS]
+ * and its per-sequence state row s[NGS_S_FIELDS] (seq_row.py names the fields). */
+
+enum { NGS_PY = 0, NGS_SIMPLE = 1, NGS_MAPK = 2, NGS_MOD = 3 };  /* seq_row.KINDS */
+enum { NGS_P_KIND, NGS_P_N, NGS_P_M, NGS_P_LAG, NGS_P_FIRST, NGS_P_MIN, NGS_P_FIELDS = 8 };
+enum { NGS_S_SALT, NGS_S_INDEXED, NGS_S_RESETS, NGS_S_STATS_SALT, NGS_S_LAST_H, NGS_S_LAST_SET,
+       NGS_S_START, NGS_S_FIELDS = 8 };
+#define NGS_MOD_CHUNK 32   /* ngram_mod.CHUNK */
+#define NGS_MAX_COUNT 16380  /* ngram_map.MAX_COUNT */
+
+/* SeqIndex._fresh, then sync_find (or sync alone when `find` is 0): the position or -1. */
+static int64_t ngs_index_step(uint64_t *table, int shift, int64_t resets, const int32_t *hist,
+                              int64_t L, int32_t last, const int64_t *p, uint64_t *s, int find,
+                              uint64_t *h, int64_t *filled) {
+    if ((int64_t)s[NGS_S_RESETS] != resets || (int64_t)s[NGS_S_INDEXED] > L) {
+        s[NGS_S_INDEXED] = 0;
+        s[NGS_S_RESETS] = (uint64_t)resets;
+    }
+    const int n = (int)p[NGS_P_N];
+    const int64_t start = (int64_t)s[NGS_S_INDEXED], stop = L - n - p[NGS_P_LAG] + 1;
+    if (stop > start) {
+        *filled += ngs_put_ngrams(table, shift, s[NGS_S_SALT], hist + start, stop - start, n,
+                                  0, start, (int)p[NGS_P_FIRST]);
+        s[NGS_S_INDEXED] = (uint64_t)stop;
+    }
+    return find ? ngs_find(table, shift, s[NGS_S_SALT], hist, L, last, n, h) : -1;
+}
+
+/* HashPool.put of a value (the pool's `used` grows by the slots it fills, in *filled). */
+static void ngs_put(uint64_t *table, int shift, uint64_t h, uint64_t salt, uint64_t v,
+                    int64_t *filled) {
+    const uint64_t x = ngs_mix(h, salt);
+    uint64_t *slot = &table[x >> shift];
+    if (*slot == 0) ++*filled;
+    *slot = (ngs_tag(x) << 32) | (v & NGS_LOW32);
+}
+
+/* NgramMapK.draft: the draft's length, its first token at hist[*start]. */
+static int ngs_map_k(uint64_t *table, int shift, int64_t resets, const int32_t *hist, int64_t L,
+                     int32_t last, int max_len, const int64_t *p, uint64_t *s, int64_t *start,
+                     int64_t *filled) {
+    const int n = (int)p[NGS_P_N], m = (int)p[NGS_P_M];
+    uint64_t h = 0;
+    s[NGS_S_LAST_SET] = 0;
+    const int find = L >= 2 * (int64_t)n + m;
+    const int64_t pos = ngs_index_step(table, shift, resets, hist, L, last, p, s, find, &h,
+                                       filled);
+    if (pos < 0 || pos + n + m > L || max_len <= 0) return 0;
+    const uint64_t salt = s[NGS_S_STATS_SALT];
+    const int64_t v = ngs_get(table, shift, h, salt);
+    int64_t hits = v >= 0 ? v >> 16 : 0, acc = v >= 0 ? (v & 0xFFFF) : m;
+    hits = hits + 1 < NGS_MAX_COUNT ? hits + 1 : NGS_MAX_COUNT;
+    ngs_put(table, shift, h, salt, (uint64_t)((hits << 16) | acc), filled);
+    if (hits < p[NGS_P_MIN]) return 0;
+    int len = m < acc ? m : (int)acc;
+    if (max_len < len) len = max_len;
+    if (len <= 0) return 0;
+    s[NGS_S_LAST_H] = h;
+    s[NGS_S_LAST_SET] = 1;
+    *start = pos + n;
+    return len;
+}
+
+/* The drafters [from, n_d) for one sequence (history hist[0 .. L), the sampled token
+ * `last`), each as its `draft(seq, hist, last, max_len)`: lens[i] its draft's length
+ * (0: none, or shorter than min_len), its tokens at hist[starts[i] ..] or, where starts[i]
+ * is -1, at out + i * out_stride (ngram-mod's chain). With first_only it stops after the
+ * first draft of min_len tokens or more. `resets`: HashPool.resets; the slots filled are
+ * added to *filled. Returns n_d when done, or the index of a drafter Python must draft
+ * (kind NGS_PY, or an ngram-mod whose table takes its next chunk first): lens from it on
+ * are 0 and the caller calls again from the next one. */
+int ngs_propose(uint64_t *table, int shift, int64_t resets, const int32_t *hist, int64_t L,
+                int32_t last, int max_len, int min_len, int first_only, int n_d, int from,
+                const int64_t *params, uint64_t *const *states, int32_t *out, int out_stride,
+                int32_t *lens, int64_t *starts, int64_t *filled) {
+    for (int i = from; i < n_d; ++i) lens[i] = 0;
+    for (int i = from; i < n_d; ++i) {
+        const int64_t *p = params + (int64_t)i * NGS_P_FIELDS;
+        uint64_t *s = states[i];
+        const int n = (int)p[NGS_P_N];
+        int len = 0;
+        starts[i] = -1;
+        if (p[NGS_P_KIND] == NGS_SIMPLE) {
+            const int m = (int)p[NGS_P_M];
+            uint64_t h = 0;
+            const int find = L > (int64_t)n + m + 1 && max_len > 0;
+            const int64_t pos = ngs_index_step(table, shift, resets, hist, L, last, p, s, find,
+                                               &h, filled);
+            const int64_t copy = pos < 0 ? 0 : (m < L - (pos + n) ? m : L - (pos + n));
+            if (pos >= 0 && copy >= n) {
+                len = (int)(copy < max_len ? copy : max_len);
+                starts[i] = pos + n;
+            }
+        } else if (p[NGS_P_KIND] == NGS_MAPK) {
+            len = ngs_map_k(table, shift, resets, hist, L, last, max_len, p, s, &starts[i],
+                            filled);
+        } else if (p[NGS_P_KIND] == NGS_MOD) {
+            s[NGS_S_LAST_SET] = 0;  /* n_draft_last */
+            if (L < n) continue;
+            if ((int64_t)s[NGS_S_INDEXED] + NGS_MOD_CHUNK < L) return i;
+            if (max_len <= 0) continue;
+            int want = max_len < p[NGS_P_M] ? max_len : (int)p[NGS_P_M];
+            if (want < p[NGS_P_MIN]) want = (int)p[NGS_P_MIN];
+            int32_t *o = out + (int64_t)i * out_stride;
+            len = ngs_follow(table, shift, s[NGS_S_SALT], hist, L, last, n, want, o);
+            if (len < p[NGS_P_MIN] || len == 0) { len = 0; continue; }
+            if (len > max_len) len = max_len;
+            s[NGS_S_LAST_SET] = (uint64_t)len;
+            s[NGS_S_START] = (uint64_t)(L - n + 1);
+        } else {
+            return i;
+        }
+        lens[i] = len;
+        if (first_only && len >= min_len) {
+            for (int j = i + 1; j < n_d; ++j) lens[j] = 0;
+            return n_d;
+        }
+    }
+    return n_d;
+}
+
 /* ---------------------------------------------------------------- decode layouts
  * The features the planner prices a decode by (speculative/cost.py `_fixed_features`), for
  * a context with one KV stream per sequence: llama/ubatch.py's `layout` (U1 padding,
