@@ -166,6 +166,31 @@ def test_expected_tokens_in_c_equal_numpys(monkeypatch):
         assert np.array_equal(c.expected_tokens(), py.expected_tokens())
 
 
+def test_the_options_table_in_c_equals_numpys():
+    """drafting.c's `ngs_best_expected` (acceptance.best_expected: CostPolicy.options'
+    table of several proposals) against the numpy table: the same best value and the same
+    proposal per draft length, ties to the earlier proposal, lengths past a proposal's
+    draft not offered by it, drafts longer than MAX_DRAFT cut."""
+    from ngramspec.speculative import acceptance as A
+
+    rng = np.random.default_rng(12)
+    for trial in range(300):
+        m = int(rng.integers(1, 6))
+        stats = [A.AcceptanceStats(decay=float(rng.choice([0.9, 0.97]))) for _ in range(m)]
+        for s in stats[:int(rng.integers(0, m + 1))]:  # some never updated: equal curves
+            for _ in range(int(rng.integers(1, 30))):
+                k = int(rng.integers(1, 70))
+                s.update(k, int(rng.integers(0, k + 1)))
+        lens = [int(rng.integers(1, 80)) for _ in range(m)]
+        idx = sorted(rng.choice(8, m, replace=False).tolist())
+        got = (np.full(A.MAX_DRAFT + 1, np.nan), np.full(A.MAX_DRAFT + 1, 99, np.int64))
+        want = (np.full(A.MAX_DRAFT + 1, np.nan), np.full(A.MAX_DRAFT + 1, 99, np.int64))
+        top = A.best_expected(stats, lens, idx, *got)
+        assert top == A._best_expected_numpy(stats, lens, idx, *want) == min(max(lens), 64)
+        assert np.array_equal(got[0], want[0], equal_nan=True)
+        assert np.array_equal(got[1], want[1]) and got[1][0] == -1
+
+
 def _chain_run(monkeypatch, native_on: bool, types: list, first_only: bool, seed: int):
     """A chain of `types` over a generation with repeats: every step's proposals, then
     the pool's table and count and every drafter's state row (C: one `ngs_propose` a step)."""

@@ -164,6 +164,26 @@ def test_one_sequence_closed_form_equals_the_length_search():
             assert plan([o], [sh], cost, cap + 1, cap + 1, trust) == want
 
 
+def test_one_sequence_in_c_equals_the_closed_form_in_python(monkeypatch):
+    """drafting.c's `ngs_alone` gives `planner._alone`'s numpy closed form exactly."""
+    from ngramspec.speculative import native, planner
+
+    if native.kernel() is None:
+        pytest.skip(f"no C drafting here: {native.reason()}")
+    rng = np.random.default_rng(4)
+    cases = []
+    for cost in (CPU4, DecodeCost(0.0016, 0.0002, 0.00035, per_kv=0.0003, per_multi=0.0009),
+                 DecodeCost(0.0006, 0.00001, 0.00001, pad=False)):
+        for _ in range(60):
+            o = opts(float(rng.uniform(0.05, 1.0)), int(rng.integers(1, 64)))
+            sh = Shape(0, 1, 1, int(rng.integers(0, 3000)))
+            cases.append((o, sh, cost, int(rng.integers(0, 63)), float(rng.uniform(0.6, 1.0))))
+    got = [planner._alone(*c) for c in cases]
+    monkeypatch.setattr(native, "kernel", lambda: None)
+    assert got == [planner._alone(*c) for c in cases]
+    assert sum(k > 0 for k in got) > 20
+
+
 def test_bound_declines_without_pricing_and_never_wrongly():
     """(E[1] - 1) * t(1) <= the least per-token slope: no length can beat plain
     decoding, so the planner returns 0 before pricing; wherever it returns 0, so does

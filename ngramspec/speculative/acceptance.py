@@ -9,6 +9,10 @@ unseen position is neither certain nor hopeless, and old evidence fades.
 """
 from __future__ import annotations
 
+import ctypes as C
+import threading
+from typing import Sequence
+
 import numpy as np
 
 from . import native
@@ -109,6 +113,12 @@ class AcceptanceStats:
         out /= _suffix_sums(self._doff) + sw
         return out
 
+    def native_terms(self) -> tuple[int, int, float, float]:
+        """What drafting.c's ngs_expected takes: the addresses of the count differences
+        (accepted, offered), sw and sw x the pooled rate (the C library is loaded)."""
+        sw = self.shrink * self._w
+        return (*self._ptrs, sw, sw * self._pooled())
+
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per
         update: a step reads it for every proposal; callers must not write into it): by
@@ -117,8 +127,7 @@ class AcceptanceStats:
         if self._expected is None:
             e = np.empty(MAX_DRAFT + 1)
             if self._lib:
-                sw = self.shrink * self._w
-                self._lib.ngs_expected(*self._ptrs, MAX_DRAFT, sw, sw * self._pooled(),
+                self._lib.ngs_expected(*self._ptrs, MAX_DRAFT, *self.native_terms()[2:],
                                        e.ctypes.data, MAX_DRAFT + 1)
             else:
                 e[0] = 1.0
@@ -126,6 +135,49 @@ class AcceptanceStats:
                 _SUMS(e, out=e)  # np.cumsum add ~2 us of wrapping each
             self._expected = e
         return self._expected
+
+
+_BUFS = threading.local()  # `best_expected`'s ctypes arrays, made once per thread
+
+
+def best_expected(stats: Sequence[AcceptanceStats], lens: Sequence[int], idx: Sequence[int],
+                  expected: np.ndarray, pick: np.ndarray) -> int:
+    """CostPolicy.options' table of several proposals: candidate r (its statistics
+    stats[r], its draft's length lens[r], its proposal index idx[r]) offers E[tokens | K]
+    for K = 0..lens[r]; per K = 0..top (top = max(lens), at most MAX_DRAFT) the first
+    candidate with the most: expected[K] its value, pick[K] = its idx (pick[0] = -1).
+    Writes expected[:top + 1] and pick[:top + 1] (float64 and int64, MAX_DRAFT + 1 long);
+    returns top. By drafting.c's `ngs_best_expected` (one call for the whole table) where
+    the library is loaded, else by numpy: the same values (tests/test_native_drafting.py)."""
+    lib = native.kernel()
+    m = len(stats)
+    if lib is None or m > MAX_DRAFT:
+        return _best_expected_numpy(stats, lens, idx, expected, pick)
+    b = getattr(_BUFS, "b", None)
+    if b is None:
+        b = _BUFS.b = tuple((t * (MAX_DRAFT + 1))() for t in (
+            C.c_void_p, C.c_void_p, C.c_double, C.c_double, C.c_int32, C.c_int64))
+    dacc, doff, sw, prior, ln, ix = b
+    for r, s in enumerate(stats):
+        dacc[r], doff[r], sw[r], prior[r] = s.native_terms()
+    ln[:m] = lens
+    ix[:m] = idx
+    return lib.ngs_best_expected(dacc, doff, sw, prior, ln, ix, m, expected.ctypes.data,
+                                 pick.ctypes.data)
+
+
+def _best_expected_numpy(stats, lens, idx, expected, pick) -> int:
+    """`best_expected` by a numpy table (its reference)."""
+    top = min(max(lens), MAX_DRAFT)
+    table = np.full((len(stats), top + 1), -np.inf)  # E[tokens | K] per proposal
+    for r, s in enumerate(stats):
+        n = min(lens[r], top) + 1
+        table[r, :n] = s.expected_tokens()[:n]
+    best = table.argmax(axis=0)  # the first of equals: the earlier proposal
+    pick[:top + 1] = np.asarray(idx)[best]
+    pick[0] = -1
+    expected[:top + 1] = table[best, np.arange(top + 1)]
+    return top
 
 
 def best_length(stats: AcceptanceStats, cost: np.ndarray, max_len: int) -> tuple[int, float]:

@@ -71,6 +71,11 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
     k_top = min(cap, len(e) - 1) if e is not None else 0
     if k_top <= 0:
         return 0
+    lib = native.kernel()
+    if lib is not None and e.dtype == np.float64 and e.flags.c_contiguous:
+        _, sec, tok, slope = _native_model(cost)  # drafting.c's ngs_alone: the same lengths
+        return lib.ngs_alone(e.ctypes.data, k_top, sec, tok, slope, cost.per_kv, base.n_kv,
+                             trust)
     sec, tok, slope = cost.alone()
     if (e[1] - 1.0) * (sec[0] + cost.per_kv * base.n_kv / 1000.0 * tok[0]) <= slope:
         return 0

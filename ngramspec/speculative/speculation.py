@@ -73,6 +73,9 @@ class Speculation:
         self.draft_n_accepted = 0
         self.own_n = 0  # of draft_n / draft_n_accepted: the tokens the own drafters drafted
         self.own_n_accepted = 0
+        # the policy's table of this step's options (DraftOptions.expected and .pick of
+        # several candidates are views of it: valid until `settle`)
+        self.table = (np.empty(MAX_DRAFT + 1), np.empty(MAX_DRAFT + 1, dtype=np.int64))
 
     def begin(self, prompt: np.ndarray) -> None:
         self.copying = False

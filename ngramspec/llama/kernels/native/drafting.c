@@ -364,6 +364,30 @@ void ngs_expected(const double *dacc, const double *doff, int m, double sw, doub
     }
 }
 
+/* CostPolicy.options' table (policy.py, acceptance.best_expected): for each of `rows`
+ * candidates r (AcceptanceStats r's counts dacc[r], doff[r] and its sw[r], prior[r] as
+ * ngs_expected takes them) E[tokens | K] for K = 0..len[r]; per K = 0..top (top = the
+ * largest len) the first candidate with the most, candidates without K counting as
+ * -infinity (numpy's argmax over the table): expected[K] its value, pick[K] = idx[it],
+ * pick[0] = -1. Returns top. */
+int ngs_best_expected(const double *const *dacc, const double *const *doff, const double *sw,
+                      const double *prior, const int32_t *len, const int64_t *idx, int rows,
+                      double *expected, int64_t *pick) {
+    double e[NGS_MAX_DRAFT + 1];
+    int top = 0;
+    for (int r = 0; r < rows; ++r) if (len[r] > top) top = len[r];
+    if (top > NGS_MAX_DRAFT) top = NGS_MAX_DRAFT;
+    for (int k = 0; k <= top; ++k) pick[k] = -2;  /* no candidate has K yet: -infinity */
+    for (int r = 0; r < rows; ++r) {
+        const int n = (len[r] < top ? len[r] : top) + 1;
+        ngs_expected(dacc[r], doff[r], NGS_MAX_DRAFT, sw[r], prior[r], e, n);
+        for (int k = 0; k < n; ++k)
+            if (pick[k] == -2 || e[k] > expected[k]) { expected[k] = e[k]; pick[k] = idx[r]; }
+    }
+    pick[0] = -1;
+    return top;
+}
+
 /* ------------------------------------------------------------------ the planner's search
  * planner._ascend in C (speculative/planner.py states the search; `_native_ascend` in
  * planner.py calls this): the same arithmetic in the same order, so the same lengths. */
@@ -408,6 +432,20 @@ static int ngs_best_alone(const double *e, int k_top, const double *sec, const d
         if (r > top) { top = r; best = k; }
     }
     return best;
+}
+
+/* planner._alone: one sequence in the decode, its draft of at most k_top tokens: 0 when
+ * the acceptance-free bound says no length pays ((e[1] - 1) * t(1) <= slope), else the
+ * best length alone (ngs_best_alone) if trust x its rate beats plain decoding's; kv_cells
+ * its stream's cells (the KV term per_kv * kv_cells / 1000 per token). */
+int ngs_alone(const double *e, int k_top, const double *sec, const double *tok, double slope,
+              double per_kv, int64_t kv_cells, double trust) {
+    if (k_top <= 0) return 0;
+    if ((e[1] - 1.0) * (sec[0] + per_kv * (double)kv_cells / 1000.0 * tok[0]) <= slope) return 0;
+    const double kv = per_kv * (double)kv_cells / 1000.0;
+    const int k = ngs_best_alone(e, k_top, sec, tok, kv);
+    const double rate = e[k] / (sec[k] + kv * tok[k]), plain = e[0] / (sec[0] + kv * tok[0]);
+    return rate * trust > plain * (1 + 1e-9) ? k : 0;
 }
 
 /* planner._ascend over m entries (ids ascending; n_tok, n_log, kv: the base decode);
