@@ -51,6 +51,9 @@ from .cost import Shape
 
 
 class Rest:
+    __slots__ = ("_decay", "host", "saved", "decode_s", "n_active", "n_rested", "active",
+                 "_since", "_open", "_accepted", "_step_host", "_trial", "_gap", "_wait",
+                 "_whole", "_woken", "_wake_gap", "_since_wake")  # a step reads them per slot
     HALF_LIFE = 32.0  # steps
     WARMUP = 16  # active steps measured before the policy may rest
     SHARE = 0.01  # of the decode time, the most resting's active steps may cost
@@ -104,7 +107,8 @@ class Rest:
     def decode(self, plain_s: float, measured_s: float, n_seqs: int, drafted: bool) -> None:
         """A generation decode ended the current step (its plain version modelled at
         plain_s); decide whether the next step proposes."""
-        self._close()
+        if self._open is not None:
+            self._close()
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
