@@ -8,7 +8,8 @@ Invariants:
   several drafters' proposals. Only the committed drafter gets `accept` for
   that step (llama.cpp's `impl_last`); unverified drafts are never accepted.
 - Stats follow llama.cpp: calls, generated (verified)/accepted drafts and tokens,
-  time; and the drafts proposed, so the ones a policy declined show.
+  time (a sequence's one C call, native_chain.py, split evenly among the drafters it
+  asked); and the drafts proposed, so the ones a policy declined show.
 """
 from __future__ import annotations
 
