@@ -66,7 +66,9 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
     (`DecodeCost.alone`), the best rate E[tokens | K] / t(1 + K) kept if `trust` times
     it beats plain decoding. Before pricing: E[K] - 1 <= K * (E[1] - 1) (each further
     token is accepted with the chances of all before it), and t(1 + K) >= t(1) + K *
-    slope, so when (E[1] - 1) * t(1) <= slope no length can beat plain decoding."""
+    slope, so when (E[1] - 1) * t(1) <= slope no length can beat plain decoding. In C
+    where the library is loaded (drafting.c `ngs_alone`: the same arithmetic, the same
+    length; tests/test_planner.py)."""
     e = opt.expected
     k_top = min(cap, len(e) - 1) if e is not None else 0
     if k_top <= 0:

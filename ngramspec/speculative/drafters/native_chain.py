@@ -86,6 +86,9 @@ class NativeChain:
 
     def _found(self, history: np.ndarray, min_len: int, first_only: bool, lo: int, hi: int,
                py: dict) -> tuple[list, int]:
+        """`ask`'s result from the buffers C filled (a draft of the history is a view of
+        it, ngram-mod's a copy of its buffer: the next call overwrites it) and `py`, the
+        drafts made in Python, by index."""
         found, lens, starts = [], self.lens.tolist(), self.starts.tolist()
         for j in range(lo, hi):
             n = lens[j]

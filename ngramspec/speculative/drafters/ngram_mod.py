@@ -112,6 +112,8 @@ class NgramMod:
         return R.params(R.MOD, self.n, self.n_max, minimum=self.n_min)
 
     def _seq(self, seq_id: int) -> _ModSeq:
+        """The sequence's state, made (its row on the current salt) at a draft without
+        `begin`; `begin` makes it otherwise, once per request."""
         st = self._seqs.get(seq_id)
         if st is None:
             st = self._seqs[seq_id] = _ModSeq(R.new_row(self.salt))
