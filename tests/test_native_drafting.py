@@ -24,6 +24,16 @@ def _pools(monkeypatch, nbytes: int = 1 << 14) -> tuple[HashPool, HashPool]:
     return c, py
 
 
+def _same_salts(monkeypatch) -> None:
+    """The per-request salts from epoch 1 again (drafters/index.py), so a run with C and
+    one without index into the same slots, collisions included, whatever ran before."""
+    import itertools
+
+    from ngramspec.speculative.drafters import index
+
+    monkeypatch.setattr(index, "_epochs", itertools.count(1))
+
+
 def _history(rng, length: int, vocab: int) -> np.ndarray:
     """Random tokens with copied stretches (so keys repeat and chains follow)."""
     h = rng.integers(0, vocab, length).astype(np.int32)
@@ -97,6 +107,7 @@ def test_drafters_propose_the_same(monkeypatch, name):
     drafts = []
     for on in (True, False):
         monkeypatch.setenv(native.ENV, "1" if on else "0")
+        _same_salts(monkeypatch)
         d = make_drafter(name)
         assert (d.pool._c is not None) == on if hasattr(d, "pool") else True
         d.begin(0, hist[:300])
@@ -197,12 +208,8 @@ def _chain_run(monkeypatch, native_on: bool, types: list, first_only: bool, seed
     from ngramspec.settings.config import SpecConfig
     from ngramspec.speculative.drafters import DrafterChain
 
-    import itertools
-
-    from ngramspec.speculative.drafters import index
-
     monkeypatch.setenv(native.ENV, "1" if native_on else "0")
-    monkeypatch.setattr(index, "_epochs", itertools.count(1))  # the same salts both times
+    _same_salts(monkeypatch)
     rng = np.random.default_rng(seed)
     hist = _history(rng, 1400, 12)
     pool = HashPool(1 << 14)  # 2048 slots: the namespaces collide
