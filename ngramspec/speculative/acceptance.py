@@ -127,8 +127,9 @@ class AcceptanceStats:
         if self._expected is None:
             e = np.empty(MAX_DRAFT + 1)
             if self._lib:
-                self._lib.ngs_expected(*self._ptrs, MAX_DRAFT, *self.native_terms()[2:],
-                                       e.ctypes.data, MAX_DRAFT + 1)
+                dacc, doff, sw, prior = self.native_terms()
+                self._lib.ngs_expected(dacc, doff, MAX_DRAFT, sw, prior, e.ctypes.data,
+                                       MAX_DRAFT + 1)
             else:
                 e[0] = 1.0
                 _PRODUCTS(self.p(), out=e[1:])  # the ufuncs' own accumulate: np.cumprod and

@@ -107,8 +107,7 @@ class Rest:
     def decode(self, plain_s: float, measured_s: float, n_seqs: int, drafted: bool) -> None:
         """A generation decode ended the current step (its plain version modelled at
         plain_s); decide whether the next step proposes."""
-        if self._open is not None:
-            self._close()
+        self._close()
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
@@ -197,8 +196,7 @@ class Rests:
         """A generation decode of `shapes` (one per sequence; n_tokens - 1 draft tokens
         each; plain_s: the plain decode's modelled seconds where any drafted, else 0)
         took measured_s: each sequence's Rest gets its share (module docstring)."""
-        by = self._by
-        rests = [by.get(s.seq_id) or self.of(s.seq_id) for s in shapes]
+        rests = [self.of(s.seq_id) for s in shapes]
         shared, self._shared = self._shared, 0.0
         if shared:
             workers = [r for r in rests if r.worked] or rests

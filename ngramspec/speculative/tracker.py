@@ -79,11 +79,9 @@ class CostTracker:
         """Record one decode (its `shapes` are kept until the next refit: the caller makes
         a new sequence per decode and never changes it); the (possibly refitted) current
         model."""
-        live = shapes if all(s.n_tokens > 0 for s in shapes) else [
-            s for s in shapes if s.n_tokens > 0]
-        self._pending.append((live, float(seconds)))
+        self._pending.append((shapes, float(seconds)))  # `_absorb`: DecodeCost.features
         slot = self.n_observed % self.WINDOW
-        multi = any(s.n_tokens > 1 for s in live)
+        multi = any(s.n_tokens > 1 for s in shapes)
         self._n_multi += multi - self._multi[slot]
         self._multi[slot] = multi
         self.n_observed += 1
@@ -103,10 +101,7 @@ class CostTracker:
         x = np.empty((m, len(COEF_FIELDS)))
         y = np.empty(m)
         for j, (shapes, sec) in enumerate(rows):
-            fixed, padded = self.prior._fixed(tuple((s.seq_id, s.n_tokens, s.n_logits)
-                                                    for s in shapes))
-            x[j] = fixed
-            x[j, 3] = sum(p * s.n_kv for p, s in zip(padded, shapes)) / 1000.0
+            x[j] = self.prior.features(shapes)
             y[j] = max(sec, 1e-9)
         r = np.abs(x @ self.current.coef - y) / y
         limit = 4.0 * (self._resid[0] / self._resid[1] if self._resid[1] else 1.0) + 1e-3

@@ -77,8 +77,7 @@ class NativeChain:
             py[i] = d = self.drafters[i].draft(seq_id, history, sampled, max_len)[:max_len]
             self.lens[i] = len(d)
             i += 1
-            if first_only and len(d) >= min_len:
-                self.lens[i:hi] = 0
+            if first_only and len(d) >= min_len:  # later lengths: 0 (the call zeroed them)
                 break
         pool.used += int(self.filled[0])
         self.filled[0] = 0

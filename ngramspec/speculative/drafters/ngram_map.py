@@ -173,19 +173,19 @@ class _MapBase:
         hits = v >> 16 if v >= 0 else 0
         self.pool.put(h, salt, (hits << 16) | min(n_accepted, 0xFFFF))
 
-    _accept_ns = 0  # the namespace of the key `accept` updates (0: _ns_stats)
+    _accept_ns = 0  # the namespace of the key `accept` updates (each drafter's)
 
     def accept(self, seq_id: int, n_accepted: int) -> None:
         row = self.index._seqs.get(seq_id)
         if row is not None and row[R.LAST_SET]:
             row[R.LAST_SET] = 0
             self._set_accepted(int(row[R.LAST_H]),
-                               self._salt(seq_id, self._accept_ns or self._ns_stats), n_accepted)
+                               self._salt(seq_id, self._accept_ns), n_accepted)
 
 
 class NgramMapK(_MapBase):
     name = "ngram-map-k"
-    _ns_stats = NS_STATS_K
+    _ns_stats = _accept_ns = NS_STATS_K
 
     def native_params(self) -> np.ndarray:
         return self.index.params(R.MAPK, self.m, self.min_hits)
