@@ -6,7 +6,7 @@ import math
 import numpy as np
 
 from ngramspec.speculative.cost import DecodeCost, Shape
-from ngramspec.speculative.draft_trust import DECAY, PRIOR, DraftTrust, bucket
+from ngramspec.speculative.draft_trust import DECAY, PRIOR, SHRINK_MIN, DraftTrust, bucket
 from ngramspec.speculative.planner import plan
 from ngramspec.speculative.policy import CostPolicy
 from ngramspec.speculative.speculation import DraftOptions
@@ -97,3 +97,52 @@ def test_cost_policy_scores_its_drafted_decodes():
     realized = (8 + 4) / (8 + 32)
     assert pol.trust(8) < 0.6 and pol.trust(8) > realized
     assert pol.trust(1) == 1.0
+
+
+def test_shrink_learns_the_share_of_expected_tokens_accepted_per_bucket():
+    """Drafted decodes at 8 slots whose sequences accept 80% of the draft tokens the
+    planner expected: shrink(8) falls towards 0.8 (never below SHRINK_MIN, never above
+    1), other batch sizes keep 1; a decode reported with its extra tokens already shrunk
+    (scale) counts them as they were before the shrink."""
+    t = DraftTrust()
+    assert t.shrink(8) == 1.0
+    for _ in range(200):
+        t.decode(8, 0.2, 0.2, drafted=True)
+        t.sequence(11.0, 8)  # 10 extra tokens expected, 8 accepted
+    assert abs(t.shrink(8) - 0.8) < 0.01
+    assert t.shrink(1) == t.shrink(4) == 1.0
+    s = DraftTrust()
+    for _ in range(200):  # the same decodes, planned on tokens shrunk by 0.8
+        s.decode(8, 0.2, 0.2, drafted=True)
+        s.sequence(1.0 + 0.8 * 10.0, 8, scale=0.8)
+    assert math.isclose(s.shrink(8), t.shrink(8))
+    for _ in range(300):  # nothing accepted: the floor
+        t.decode(8, 0.2, 0.2, drafted=True)
+        t.sequence(11.0, 0)
+    assert t.shrink(8) == SHRINK_MIN
+
+
+class _Drafter:
+    name = "d"
+
+
+def test_the_policy_prices_drafts_on_shrunk_tokens():
+    """CostPolicy.options hands the planner E' = 1 + shrink x (E - 1) (its scale with
+    it), in the sequence's own buffer: the statistics' own curve is left as it was."""
+    from ngramspec.speculative.speculation import Speculation
+    pol = CostPolicy(CPU8, compare_all=True)
+    sp = Speculation(0, chain=None, policy=pol)
+    found = [(_Drafter(), np.arange(8, dtype=np.int32))]
+    raw = pol.options(sp, np.zeros(4, np.int32), 0, 8, found=found)
+    assert raw.scale == 1.0
+    e = pol.stats(sp, found[0][0]).expected_tokens()[:9].copy()
+    assert np.array_equal(raw.expected, e)
+    for _ in range(100):
+        pol.realized.decode(1, 0.01, 0.01, drafted=True)
+        pol.realized.sequence(9.0, 4)
+    c = pol.realized.shrink(1)
+    assert 0.5 <= c < 0.6
+    got = pol.options(sp, np.zeros(4, np.int32), 0, 8, found=found)
+    assert got.scale == c
+    assert np.allclose(got.expected, 1.0 + c * (e - 1.0))
+    assert np.array_equal(pol.stats(sp, found[0][0]).expected_tokens()[:9], e)

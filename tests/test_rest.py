@@ -96,6 +96,34 @@ def test_declined_wakes_make_the_watch_wait_and_a_drafted_one_resets_it():
     assert rest._wake_gap == 0 and rest.watching
 
 
+def test_declined_proposals_rest_a_sequence_whose_drafts_paid_for_a_doubling_gap():
+    """Where a sequence's drafts paid (saved > host) but the planner now declines its
+    proposals (a decode of several sequences where a draft costs more than it saves), it
+    rests 1, 2, 4, ... steps (up to MAX_DECLINE_GAP, or its period) after each declined
+    active step instead of paying its proposals at every step; a drafted one makes it
+    active at every step again."""
+    rest = Rest()
+    for _ in range(40):  # drafts that pay
+        rest.planned(True)
+        _step(rest, host=0.0004, drafted=True, accepted=4, drafted_len=5, measured=PLAIN * 1.3)
+    assert rest.active and rest.saved > rest.host
+    active = []
+    for _ in range(60):  # the planner declines every proposal from now on
+        if rest.active:
+            rest.planned(False)
+        active.append(_step(rest, host=0.0004 if rest.active else 0.0))
+    assert rest.saved > rest.host  # by its sums it still pays
+    steps = [i for i, a in enumerate(active) if a]
+    gaps = [b - a for a, b in zip(steps, steps[1:])]
+    assert gaps[:5] == [2, 3, 5, 9, 17]  # rests of 1, 2, 4, 8, 16 steps
+    assert max(gaps) <= Rest.MAX_DECLINE_GAP + 1 and sum(active) <= 7
+    while not rest.active:
+        _step(rest, host=0.0)
+    rest.planned(True)
+    _step(rest, host=0.0004, drafted=True, accepted=4, drafted_len=5, measured=PLAIN * 1.3)
+    assert rest.active and rest._decline_gap == 0
+
+
 def test_the_policies_count_rested_steps():
     from ngramspec.speculative.cost import DecodeCost, Shape
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy

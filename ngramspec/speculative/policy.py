@@ -17,6 +17,10 @@
   often by a short key, breaks far sooner (measured on held-out recorded
   streams: mean accepted length 34 vs 13 tokens), and one set of statistics for
   both drafted the fresh matches far too long.
+- `CostPolicy` shrinks every expected extra token by the share of them accepted lately
+  at the batch size (`DraftTrust.shrink`: the planner's pick of the best-rated drafts
+  makes them run high, ~10-20% measured), so the lengths it chooses are priced on
+  calibrated tokens.
 
 Invariant: a policy only chooses *which* tokens are verified; every emitted
 token still comes from the target's sampler, so output never depends on it.
@@ -172,6 +176,7 @@ class CostPolicy:
         self.realized = DraftTrust()  # drafted decodes' realized vs predicted speed
         self.probe = Probe()  # short drafts while the curve has seen no verify (probe.py)
         self.rests = Rests()  # per sequence: whether proposing pays for its host time
+        self._n_seqs = 1  # sequences in the last generation decode (DraftTrust.shrink's bucket)
 
     @property
     def n_rested(self) -> int:
@@ -188,9 +193,12 @@ class CostPolicy:
         self.probe.close()
         ks = planner.plan(options, base, self.cost, per_seq_max, total_max,
                           trust=self.trust(len(base)))
-        if any(ks) or self.tracker.slope_seen():
-            return ks
-        return self.probe.choose(options, base, self.cost, per_seq_max, total_max) or ks
+        if not any(ks) and not self.tracker.slope_seen():
+            ks = self.probe.choose(options, base, self.cost, per_seq_max, total_max) or ks
+        for o, b, k in zip(options, base, ks):
+            if o.proposals:
+                self.rests.of(b.seq_id).planned(k > 0)
+        return ks
 
     def stats(self, sp: Speculation, drafter) -> AcceptanceStats:
         """The sequence's stats for `drafter` in the sequence's current run state: for an
@@ -239,14 +247,20 @@ class CostPolicy:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}
         rows = [i for i, p in enumerate(props) if id(p) in eligible]
-        if len(rows) == 1:  # one candidate: its own curve, no table (no allocation)
-            d, dr = props[rows[0]]
-            return DraftOptions(props, self.stats(sp, d).expected_tokens()[:len(dr) + 1],
-                                _pick_of(rows[0]))
         expected, pick = sp.table
-        top = best_expected([self.stats(sp, props[i][0]) for i in rows],
-                            [len(props[i][1]) for i in rows], rows, expected, pick)
-        return DraftOptions(props, expected[:top + 1], pick[:top + 1])
+        if len(rows) == 1:  # one candidate: its own curve, no table to build
+            d, dr = props[rows[0]]
+            e, pick = self.stats(sp, d).expected_tokens()[:len(dr) + 1], _pick_of(rows[0])
+        else:
+            top = best_expected([self.stats(sp, props[i][0]) for i in rows],
+                                [len(props[i][1]) for i in rows], rows, expected, pick)
+            e, pick = expected[:top + 1], pick[:top + 1]
+        scale = self.realized.shrink(self._n_seqs)
+        if scale < 1.0:  # E' = 1 + scale x (E - 1), into the sequence's own buffer
+            e = np.subtract(e, 1.0, out=expected[:len(e)])
+            e *= scale
+            e += 1.0
+        return DraftOptions(props, e, pick, scale)
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted (`_score`);
@@ -264,7 +278,8 @@ class CostPolicy:
             self.rests.of(sp.seq_id).accepted(n_accepted, sp.committed[1])
             e = sp.options.expected
             if e is not None:
-                self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted)
+                self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted,
+                                       sp.options.scale)
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
                 self._update(sp, d, sp.committed[1], n_accepted)
@@ -303,6 +318,7 @@ class CostPolicy:
                 predicted = self.cost.price(
                     tuple((s.seq_id, s.n_tokens, s.n_logits) for s in shapes), kvs)
         drafted = predicted > 0.0
+        self._n_seqs = len(shapes)
         self.rests.decode(shapes, plain, seconds)
         self.cost = self.tracker.observe(shapes, seconds)
         self.probe.decode(seconds)

@@ -11,7 +11,7 @@ whole difference to plain decoding. So the cost policy keeps two decayed sums ov
   seconds): what the same tokens would have cost in plain steps, less the verify's extra.
 While saved < host (after WARMUP active steps), the policy rests: a step proposes nothing
 (spec-off's host path) except one active step every `period()` steps, the period chosen
-so that active steps cost at most SHARE of the decode time. Those keep both sums and the
+so that active steps cost at most SHARE of the (plain) decode time. Those keep both sums and the
 acceptance statistics measured. A lone active step sees a copy only as a fresh match (a
 short draft), not as the long drafts that following it earns, so when one of them has a
 draft accepted whole, the policy is active for a trial of TRIAL steps; a trial after
@@ -28,7 +28,12 @@ of it verified) doubles the steps before the watch looks again (up to MAX_WAKE_G
 drafted one resets them: at several slots of a fast decode a lone draft costs an ubatch
 of its own (per-sequence KV streams split decodes into equal ubatches), so the planner
 declined 605 of 617 wakes of the 4-block model at 4 slots, each paying its proposal, its
-plan and its scoring (~100 us in-run) for nothing.
+plan and its scoring (~100 us in-run) for nothing. The same holds for an active step: one
+whose proposals the planner declines (`planned`) makes the sequence rest 1, 2, 4, ... steps
+(up to MAX_DECLINE_GAP; the period's active steps still come) before its next active one,
+whatever its sums say, and a drafted one ends that: at 8 slots of the 4-block model a
+sequence whose copy had paid kept proposing for dozens of steps after it, the planner
+declining nearly all of them (a verify row there costs what a plain row does).
 
 Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
 copies its input keeps drafting while the others rest, and a resting sequence that follows
@@ -53,7 +58,8 @@ from .cost import Shape
 class Rest:
     __slots__ = ("_decay", "host", "saved", "decode_s", "n_active", "n_rested", "active",
                  "_since", "_open", "_accepted", "_step_host", "_trial", "_gap", "_wait",
-                 "_whole", "_woken", "_wake_gap", "_since_wake")  # a step reads them per slot
+                 "_whole", "_woken", "_wake_gap", "_since_wake", "_planned", "_decline_gap",
+                 "_since_decline")  # a step reads them per slot
     HALF_LIFE = 32.0  # steps
     WARMUP = 16  # active steps measured before the policy may rest
     SHARE = 0.01  # of the decode time, the most resting's active steps may cost
@@ -61,12 +67,13 @@ class Rest:
     TRIAL = 8  # active steps after a resting step's draft was accepted whole
     MAX_GAP = 256
     MAX_WAKE_GAP = 32  # steps the watch waits after declined wakes, at most
+    MAX_DECLINE_GAP = 32  # steps an active sequence rests after declined proposals, at most
 
     def __init__(self) -> None:
         self._decay = 0.5 ** (1.0 / self.HALF_LIFE)
         self.host = 0.0  # decayed host seconds of active steps
         self.saved = 0.0  # decayed decode seconds saved by their drafts
-        self.decode_s = 0.0  # decayed decode seconds of active steps
+        self.decode_s = 0.0  # decayed plain decode seconds of active steps (`decode`)
         self.n_active = 0
         self.n_rested = 0  # steps that proposed nothing because the policy rested
         self.active = True  # whether the current step proposes
@@ -81,6 +88,9 @@ class Rest:
         self._woken = False  # a resting step in which a sequence proposes (`wake`)
         self._wake_gap = 0  # steps the watch waits after the last wake (declined: doubled)
         self._since_wake = 0  # steps since the last wake
+        self._planned = 0  # this step's plan: 1 drafted this sequence, -1 declined it, 0 none
+        self._decline_gap = 0  # steps an active sequence rests after a declined step (doubled)
+        self._since_decline = 0  # steps since the last active step the planner declined
 
     @property
     def watching(self) -> bool:
@@ -99,6 +109,11 @@ class Rest:
         """Whether host time was spent for this sequence since the last decode."""
         return self._step_host > 0
 
+    def planned(self, drafted: bool) -> None:
+        """The planner chose this step's lengths over a proposal of this sequence: a
+        draft of it verified, or none (declined)."""
+        self._planned = 1 if drafted else -1
+
     def spent(self, seconds: float) -> None:
         """Host seconds of the policy's own work (counted for the step whose decode ends
         next: its proposals and plan, the scoring of the step before, its observe_decode)."""
@@ -111,12 +126,20 @@ class Rest:
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
+        planned, self._planned = self._planned, 0
         self._since_wake += 1
+        self._since_decline += 1
+        if self.active and planned:
+            self._decline_gap = 0 if planned > 0 else min(self.MAX_DECLINE_GAP,
+                                                          max(1, 2 * self._decline_gap))
+            self._since_decline = 0
         if woken:
             self._since_wake = 0
             self._wake_gap = 0 if drafted else min(self.MAX_WAKE_GAP, max(1, 2 * self._wake_gap))
         if self.active or woken:
-            self.decode_s += measured_s
+            # what the step's decode costs plain, as the resting steps' decodes do: a
+            # drafted decode's longer time would shorten the period below SHARE's
+            self.decode_s += plain_s if drafted and plain_s > 0 else measured_s
             self.host += self._step_host
             self.n_active += 1
             if drafted and plain_s > 0 and n_seqs > 0:
@@ -156,7 +179,7 @@ class Rest:
         elif whole and not pays and self._wait >= self._gap:
             self._trial = self.TRIAL
         self._wait += 1
-        if pays or self._trial > 0:
+        if (pays or self._trial > 0) and self._since_decline >= self._decline_gap:
             self.active, self._since = True, 0
             return
         self._since += 1

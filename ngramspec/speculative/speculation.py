@@ -36,11 +36,14 @@ class DraftOptions:
     expected:  E[tokens emitted | K] for K = 0..len(expected)-1, best drafter per K;
                None for the fixed policy (verify the first proposal whole).
     pick:      index into proposals of the drafter used at each K (pick[0] = -1).
+    scale:     the factor `expected`'s extra tokens (E - 1) were shrunk by
+               (DraftTrust.shrink; 1.0: as the statistics give them).
     """
 
     proposals: list[tuple[object, np.ndarray]] = field(default_factory=list)
     expected: np.ndarray | None = None
     pick: np.ndarray | None = None
+    scale: float = 1.0
 
     @property
     def k_max(self) -> int:
