@@ -104,13 +104,13 @@ def test_declined_proposals_rest_a_sequence_whose_drafts_paid_for_a_doubling_gap
     active at every step again."""
     rest = Rest()
     for _ in range(40):  # drafts that pay
-        rest.planned(True)
+        rest.proposed()
         _step(rest, host=0.0004, drafted=True, accepted=4, drafted_len=5, measured=PLAIN * 1.3)
     assert rest.active and rest.saved > rest.host
     active = []
     for _ in range(60):  # the planner declines every proposal from now on
         if rest.active:
-            rest.planned(False)
+            rest.proposed()
         active.append(_step(rest, host=0.0004 if rest.active else 0.0))
     assert rest.saved > rest.host  # by its sums it still pays
     steps = [i for i, a in enumerate(active) if a]
@@ -119,7 +119,7 @@ def test_declined_proposals_rest_a_sequence_whose_drafts_paid_for_a_doubling_gap
     assert max(gaps) <= Rest.MAX_DECLINE_GAP + 1 and sum(active) <= 7
     while not rest.active:
         _step(rest, host=0.0)
-    rest.planned(True)
+    rest.proposed()
     _step(rest, host=0.0004, drafted=True, accepted=4, drafted_len=5, measured=PLAIN * 1.3)
     assert rest.active and rest._decline_gap == 0
 

@@ -195,9 +195,9 @@ class CostPolicy:
                           trust=self.trust(len(base)))
         if not any(ks) and not self.tracker.slope_seen():
             ks = self.probe.choose(options, base, self.cost, per_seq_max, total_max) or ks
-        for o, b, k in zip(options, base, ks):
+        for o, b in zip(options, base):
             if o.proposals:
-                self.rests.of(b.seq_id).planned(k > 0)
+                self.rests.of(b.seq_id).proposed()
         return ks
 
     def stats(self, sp: Speculation, drafter) -> AcceptanceStats:

@@ -29,9 +29,10 @@ drafted one resets them: at several slots of a fast decode a lone draft costs an
 of its own (per-sequence KV streams split decodes into equal ubatches), so the planner
 declined 605 of 617 wakes of the 4-block model at 4 slots, each paying its proposal, its
 plan and its scoring (~100 us in-run) for nothing. The same holds for an active step: one
-whose proposals the planner declines (`planned`) makes the sequence rest 1, 2, 4, ... steps
-(up to MAX_DECLINE_GAP; the period's active steps still come) before its next active one,
-whatever its sums say, and a drafted one ends that: at 8 slots of the 4-block model a
+whose proposals the planner declines (`proposed`, and no draft of them verified) makes
+the sequence rest 1, 2, 4, ... steps (up to MAX_DECLINE_GAP; the period's active steps
+still come) before its next active one, whatever its sums say, and a drafted one ends
+that (`_backoff`, the wake's rule too): at 8 slots of the 4-block model a
 sequence whose copy had paid kept proposing for dozens of steps after it, the planner
 declining nearly all of them (a verify row there costs what a plain row does).
 
@@ -55,10 +56,16 @@ from typing import Sequence
 from .cost import Shape
 
 
+def _backoff(gap: int, drafted: bool, cap: int) -> int:
+    """The steps to wait after a step whose proposals the planner saw: none where it
+    verified a draft of them, else the last wait doubled (1 at first), at most cap."""
+    return 0 if drafted else min(cap, max(1, 2 * gap))
+
+
 class Rest:
     __slots__ = ("_decay", "host", "saved", "decode_s", "n_active", "n_rested", "active",
                  "_since", "_open", "_accepted", "_step_host", "_trial", "_gap", "_wait",
-                 "_whole", "_woken", "_wake_gap", "_since_wake", "_planned", "_decline_gap",
+                 "_whole", "_woken", "_wake_gap", "_since_wake", "_proposed", "_decline_gap",
                  "_since_decline")  # a step reads them per slot
     HALF_LIFE = 32.0  # steps
     WARMUP = 16  # active steps measured before the policy may rest
@@ -88,7 +95,7 @@ class Rest:
         self._woken = False  # a resting step in which a sequence proposes (`wake`)
         self._wake_gap = 0  # steps the watch waits after the last wake (declined: doubled)
         self._since_wake = 0  # steps since the last wake
-        self._planned = 0  # this step's plan: 1 drafted this sequence, -1 declined it, 0 none
+        self._proposed = False  # the planner was given this sequence's proposals this step
         self._decline_gap = 0  # steps an active sequence rests after a declined step (doubled)
         self._since_decline = 0  # steps since the last active step the planner declined
 
@@ -109,10 +116,10 @@ class Rest:
         """Whether host time was spent for this sequence since the last decode."""
         return self._step_host > 0
 
-    def planned(self, drafted: bool) -> None:
-        """The planner chose this step's lengths over a proposal of this sequence: a
-        draft of it verified, or none (declined)."""
-        self._planned = 1 if drafted else -1
+    def proposed(self) -> None:
+        """The planner chose this step's lengths over proposals of this sequence (the
+        decode says whether it verified a draft of them: `decode`'s drafted)."""
+        self._proposed = True
 
     def spent(self, seconds: float) -> None:
         """Host seconds of the policy's own work (counted for the step whose decode ends
@@ -126,16 +133,15 @@ class Rest:
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
-        planned, self._planned = self._planned, 0
+        proposed, self._proposed = self._proposed, False
         self._since_wake += 1
         self._since_decline += 1
-        if self.active and planned:
-            self._decline_gap = 0 if planned > 0 else min(self.MAX_DECLINE_GAP,
-                                                          max(1, 2 * self._decline_gap))
+        if self.active and proposed:
             self._since_decline = 0
+            self._decline_gap = _backoff(self._decline_gap, drafted, self.MAX_DECLINE_GAP)
         if woken:
             self._since_wake = 0
-            self._wake_gap = 0 if drafted else min(self.MAX_WAKE_GAP, max(1, 2 * self._wake_gap))
+            self._wake_gap = _backoff(self._wake_gap, drafted, self.MAX_WAKE_GAP)
         if self.active or woken:
             # what the step's decode costs plain, as the resting steps' decodes do: a
             # drafted decode's longer time would shorten the period below SHARE's
