@@ -181,7 +181,8 @@ def test_the_options_table_in_c_equals_numpys():
     """drafting.c's `ngs_best_expected` (acceptance.best_expected: CostPolicy.options'
     table of several proposals) against the numpy table: the same best value and the same
     proposal per draft length, ties to the earlier proposal, lengths past a proposal's
-    draft not offered by it, drafts longer than MAX_DRAFT cut."""
+    draft not offered by it, drafts longer than MAX_DRAFT cut, the extra tokens shrunk by
+    the same scale in the same order."""
     from ngramspec.speculative import acceptance as A
 
     rng = np.random.default_rng(12)
@@ -194,12 +195,14 @@ def test_the_options_table_in_c_equals_numpys():
                 s.update(k, int(rng.integers(0, k + 1)))
         lens = [int(rng.integers(1, 80)) for _ in range(m)]
         idx = sorted(rng.choice(8, m, replace=False).tolist())
-        got = (np.full(A.MAX_DRAFT + 1, np.nan), np.full(A.MAX_DRAFT + 1, 99, np.int64))
+        got = A.OptionsTable()
+        got.expected[:], got.pick[:] = np.nan, 99
         want = (np.full(A.MAX_DRAFT + 1, np.nan), np.full(A.MAX_DRAFT + 1, 99, np.int64))
-        top = A.best_expected(stats, lens, idx, *got)
-        assert top == A._best_expected_numpy(stats, lens, idx, *want) == min(max(lens), 64)
-        assert np.array_equal(got[0], want[0], equal_nan=True)
-        assert np.array_equal(got[1], want[1]) and got[1][0] == -1
+        scale = float(rng.choice([1.0, rng.uniform(0.5, 1.0)]))
+        top = A.best_expected(stats, lens, idx, got, scale)
+        assert top == A._best_expected_numpy(stats, lens, idx, *want, scale) == min(max(lens), 64)
+        assert np.array_equal(got.expected, want[0], equal_nan=True)
+        assert np.array_equal(got.pick, want[1]) and got.pick[0] == -1
 
 
 def _chain_run(monkeypatch, native_on: bool, types: list, first_only: bool, seed: int):

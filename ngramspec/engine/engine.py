@@ -244,7 +244,7 @@ class Engine:
         own = [PredictionDrafter(pred)] if pred is not None and len(pred) else []
         if self.speculates(cfg, req.speculative, bool(own)):
             st.speculation = Speculation(seq_id, self.chains.get(cfg), self.policy, own)
-            st.speculation.begin(prompt)
+            st.speculation.begin(prompt, st.tokens)
         return st
 
     def prefill(self, st: SeqState, max_tokens: int = 512) -> StepOutput | None:
@@ -420,7 +420,7 @@ class Engine:
         st.n_unshifted = min(st.n_unshifted, st.n_keep)
         if st.speculation is not None:
             st.speculation.end()
-            st.speculation.begin(st.tokens[:st.n_hist])
+            st.speculation.begin(st.tokens[:st.n_hist], st.tokens)
 
     def _accepted(self, st: SeqState, draft: np.ndarray, rows: list[int]) -> list[int]:
         """Sample the rows in order (one sampler call each: chain, RNG) and return the
@@ -445,7 +445,8 @@ class Engine:
         if len(draft) > n_acc:
             self.ctx.truncate(st.seq_id, keep)
         st.tokens[st.n_hist] = st.sampled
-        st.tokens[st.n_hist + 1:keep] = draft[:n_acc]
+        if n_acc:
+            st.tokens[st.n_hist + 1:keep] = draft[:n_acc]
         st.n_hist = keep
         st.sampled = sampled[-1]
         st.steps += 1

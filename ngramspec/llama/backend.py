@@ -45,11 +45,17 @@ class FreedOnCollect:
             pass
 
 
-def _llama():
-    # ngramspec/__init__.py has set GGML_CPU_TILED_MM=0 (read once by ggml)
-    import llama_cpp  # deferred: importing loads the shared library
+_LLAMA = None  # the llama_cpp module, once imported (`_llama`)
 
-    return llama_cpp
+
+def _llama():
+    global _LLAMA
+    if _LLAMA is None:  # an import statement costs microseconds a step even when done
+        # ngramspec/__init__.py has set GGML_CPU_TILED_MM=0 (read once by ggml)
+        import llama_cpp  # deferred: importing loads the shared library
+
+        _LLAMA = llama_cpp
+    return _LLAMA
 
 
 def _quiet_logs(verbose: bool) -> None:

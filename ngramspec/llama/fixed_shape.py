@@ -40,7 +40,6 @@ decode (`logits_at`, `argmax_at`, `logits_source`); at most `n_ctx_seq` position
 """
 from __future__ import annotations
 
-import ctypes as C
 import os
 import time
 from dataclasses import dataclass, replace
@@ -49,6 +48,7 @@ from typing import Sequence
 import numpy as np
 
 from .backend import FreedOnCollect, _llama, kv_type
+from .batch_views import BatchViews
 from .kernels import line
 from .kernels.hooks import KernelHooks
 from .logit_rows import LogitRows
@@ -105,8 +105,11 @@ class _SlotContext:
         if not self.ptr:
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                              f"{model.path}; try a smaller -c/--ctx-size")
-        self.batch = lc.llama_batch_init(rows, 0, 3)
-        self._views()
+        self.views = v = BatchViews(lc, rows, 3)
+        self.batch = v.batch
+        v.logits[:] = 1  # every row has logits, except during `_run`
+        self._tok, self._pos, self._seq, self._logits, self._ramp = (
+            v.token, v.pos, v.seq, v.logits, v.ramp)
         self.memory = lc.llama_get_memory(self.ptr)
         self.n_ctx = lc.llama_n_ctx(self.ptr)
         self.kept = -1  # after a shift: the leading cells still at their positions (else -1)
@@ -153,23 +156,6 @@ class _SlotContext:
             self.lc.llama_memory_seq_rm(self.memory, SENTINEL_SEQ, -1, -1)
             self.kept = -1
 
-    def _views(self) -> None:
-        """numpy views of the batch's arrays (a step writes slices, no Python per row);
-        the rows' sequence ids point into one array of ours (restored before free).
-        Every row has logits, except during `_run`."""
-        b, rows = self.batch, self.rows
-        self._tok = np.ctypeslib.as_array(b.token, (rows,))
-        self._pos = np.ctypeslib.as_array(b.pos, (rows,))
-        self._logits = np.ctypeslib.as_array(b.logits, (rows,))
-        self._logits[:] = 1
-        np.ctypeslib.as_array(b.n_seq_id, (rows,))[:] = 1
-        self._seq = np.zeros(rows, np.int32)
-        self._seq_ptrs = [C.cast(b.seq_id[i], C.c_void_p).value for i in range(rows)]
-        at = self._seq.ctypes.data
-        for i in range(rows):
-            b.seq_id[i] = C.cast(at + 4 * i, C.POINTER(C.c_int32))
-        self._ramp = np.arange(rows, dtype=np.int32)
-
     def _run(self, rows) -> None:
         """Decode `rows` [(token, pos, seq, logits)] as they are (the sentinel's fill)."""
         for i, (tok, pos, seq, logits) in enumerate(rows):
@@ -206,9 +192,7 @@ class _SlotContext:
 
     def close(self) -> None:
         if self.batch is not None:
-            for i, addr in enumerate(self._seq_ptrs):
-                self.batch.seq_id[i] = C.cast(addr, C.POINTER(C.c_int32))
-            self.lc.llama_batch_free(self.batch)
+            self.views.free()
             self.batch = None
         if self.ptr:
             self.lc.llama_free(self.ptr)

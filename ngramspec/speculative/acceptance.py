@@ -141,19 +141,34 @@ class AcceptanceStats:
 _BUFS = threading.local()  # `best_expected`'s ctypes arrays, made once per thread
 
 
+class OptionsTable:
+    """One sequence's buffers that `best_expected` writes: `expected` (float64) and `pick`
+    (int64), MAX_DRAFT + 1 each, and their addresses `at`, taken once (numpy's
+    `.ctypes.data` costs ~10 us on the cold cache after a decode). A step's DraftOptions
+    views them until `Speculation.settle`."""
+
+    __slots__ = ("expected", "pick", "at")
+
+    def __init__(self) -> None:
+        self.expected = np.empty(MAX_DRAFT + 1)
+        self.pick = np.empty(MAX_DRAFT + 1, dtype=np.int64)
+        self.at = (self.expected.ctypes.data, self.pick.ctypes.data)
+
+
 def best_expected(stats: Sequence[AcceptanceStats], lens: Sequence[int], idx: Sequence[int],
-                  expected: np.ndarray, pick: np.ndarray) -> int:
-    """CostPolicy.options' table of several proposals: candidate r (its statistics
+                  table: OptionsTable, scale: float = 1.0) -> int:
+    """CostPolicy.options' table of one or several proposals: candidate r (its statistics
     stats[r], its draft's length lens[r], its proposal index idx[r]) offers E[tokens | K]
     for K = 0..lens[r]; per K = 0..top (top = max(lens), at most MAX_DRAFT) the first
-    candidate with the most: expected[K] its value, pick[K] = its idx (pick[0] = -1).
-    Writes expected[:top + 1] and pick[:top + 1] (float64 and int64, MAX_DRAFT + 1 long);
-    returns top. By drafting.c's `ngs_best_expected` (one call for the whole table) where
-    the library is loaded, else by numpy: the same values (tests/test_native_drafting.py)."""
+    candidate with the most: table.expected[K] its value, table.pick[K] = its idx (pick[0]
+    = -1); then, with scale < 1, every value's extra tokens shrunk by it: (E - 1) x scale
+    + 1 (DraftTrust.shrink). Writes [:top + 1] of both; returns top. By drafting.c's
+    `ngs_best_expected` (one call for the whole table) where the library is loaded, else
+    by numpy: the same values (tests/test_native_drafting.py)."""
     lib = native.kernel()
     m = len(stats)
     if lib is None or m > MAX_DRAFT:
-        return _best_expected_numpy(stats, lens, idx, expected, pick)
+        return _best_expected_numpy(stats, lens, idx, table.expected, table.pick, scale)
     b = getattr(_BUFS, "b", None)
     if b is None:
         b = _BUFS.b = tuple((t * (MAX_DRAFT + 1))() for t in (
@@ -163,12 +178,11 @@ def best_expected(stats: Sequence[AcceptanceStats], lens: Sequence[int], idx: Se
         dacc[r], doff[r], sw[r], prior[r] = s.native_terms()
     ln[:m] = lens
     ix[:m] = idx
-    return lib.ngs_best_expected(dacc, doff, sw, prior, ln, ix, m, expected.ctypes.data,
-                                 pick.ctypes.data)
+    return lib.ngs_best_expected(dacc, doff, sw, prior, ln, ix, m, *table.at, scale)
 
 
-def _best_expected_numpy(stats, lens, idx, expected, pick) -> int:
-    """`best_expected` by a numpy table (its reference)."""
+def _best_expected_numpy(stats, lens, idx, expected, pick, scale: float = 1.0) -> int:
+    """`best_expected` by a numpy table (its reference), into the arrays expected, pick."""
     top = min(max(lens), MAX_DRAFT)
     table = np.full((len(stats), top + 1), -np.inf)  # E[tokens | K] per proposal
     for r, s in enumerate(stats):
@@ -178,6 +192,11 @@ def _best_expected_numpy(stats, lens, idx, expected, pick) -> int:
     pick[:top + 1] = np.asarray(idx)[best]
     pick[0] = -1
     expected[:top + 1] = table[best, np.arange(top + 1)]
+    if scale < 1.0:  # as drafting.c: (E - 1) x scale + 1, in that order
+        e = expected[:top + 1]
+        np.subtract(e, 1.0, out=e)
+        e *= scale
+        e += 1.0
     return top
 
 

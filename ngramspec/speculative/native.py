@@ -29,7 +29,7 @@ _SIGNATURES = {  # name -> (restype, argtypes): drafting.c's functions
                               C.c_int, C.c_int, _P, _P, _P, C.c_int, _P, _P, _P)),
     "ngs_layout_features": (C.c_int, (_P, C.c_int, C.c_int, C.c_int, C.c_int, C.c_int, _P, _P)),
     "ngs_expected": (None, (_P, _P, C.c_int, C.c_double, C.c_double, _P, C.c_int)),
-    "ngs_best_expected": (C.c_int, (_P, _P, _P, _P, _P, _P, C.c_int, _P, _P)),
+    "ngs_best_expected": (C.c_int, (_P, _P, _P, _P, _P, _P, C.c_int, _P, _P, C.c_double)),
     "ngs_alone": (C.c_int, (_P, C.c_int, _P, _P, C.c_double, C.c_double, _I64, C.c_double)),
     "ngs_ascend": (C.c_int, (_P, _P, _P, _P, C.c_int, _P, _P, _P, C.c_int, _P, C.c_double,
                              C.c_int, C.c_int, C.c_int, C.c_int, _P, _P, C.c_double,

@@ -73,11 +73,11 @@ def _alone(opt: DraftOptions, base: Shape, cost: DecodeCost, cap: int, trust: fl
     k_top = min(cap, len(e) - 1) if e is not None else 0
     if k_top <= 0:
         return 0
-    lib = native.kernel()
-    if lib is not None and e.dtype == np.float64 and e.flags.c_contiguous:
+    lib, at = native.kernel(), opt.at  # at: the sequence's table (no `.ctypes.data` to take)
+    if lib is not None and (at or (e.dtype == np.float64 and e.flags.c_contiguous)):
         _, sec, tok, slope = _native_model(cost)  # drafting.c's ngs_alone: the same lengths
-        return lib.ngs_alone(e.ctypes.data, k_top, sec, tok, slope, cost.per_kv, base.n_kv,
-                             trust)
+        return lib.ngs_alone(at or e.ctypes.data, k_top, sec, tok, slope, cost.per_kv,
+                             base.n_kv, trust)
     sec, tok, slope = cost.alone()
     if (e[1] - 1.0) * (sec[0] + cost.per_kv * base.n_kv / 1000.0 * tok[0]) <= slope:
         return 0
@@ -180,9 +180,9 @@ def _native_ascend(options, base, cost: DecodeCost, caps: list[int], budget: int
     n_tok[:m] = [s.n_tokens for s in base]
     n_log[:m] = [s.n_logits for s in base]
     kv[:m] = [s.n_kv for s in base]
-    arrays = [None if o.expected is None else np.ascontiguousarray(o.expected, dtype=np.float64)
-              for o in options]  # themselves where they already are (kept alive for the call)
-    exp[:m] = [None if a is None else a.ctypes.data for a in arrays]
+    arrays = [None if o.expected is None or o.at else  # a sequence's table: its address
+              np.ascontiguousarray(o.expected, dtype=np.float64) for o in options]
+    exp[:m] = [o.at or (None if a is None else a.ctypes.data) for o, a in zip(options, arrays)]
     lens[:m] = [0 if o.expected is None else len(o.expected) for o in options]
     cap[:m] = caps
     coef, sec, tok, slope = _native_model(cost)

@@ -146,16 +146,6 @@ def _timed(method: Callable) -> Callable:
     return timed
 
 
-@functools.lru_cache(maxsize=None)
-def _pick_of(i: int) -> np.ndarray:
-    """DraftOptions.pick when proposal i is the only candidate: i at every K >= 1
-    (shared, read-only)."""
-    pick = np.full(MAX_DRAFT + 1, i)
-    pick[0] = -1
-    pick.flags.writeable = False
-    return pick
-
-
 class CostPolicy:
     """Expected tokens per draft length from acceptance statistics; the planner
     (planner.py) weighs them against the decode cost. With compare_all (auto) every
@@ -247,20 +237,12 @@ class CostPolicy:
             return NO_OPTIONS
         eligible = {id(p) for p in majority(props)}
         rows = [i for i, p in enumerate(props) if id(p) in eligible]
-        expected, pick = sp.table
-        if len(rows) == 1:  # one candidate: its own curve, no table to build
-            d, dr = props[rows[0]]
-            e, pick = self.stats(sp, d).expected_tokens()[:len(dr) + 1], _pick_of(rows[0])
-        else:
-            top = best_expected([self.stats(sp, props[i][0]) for i in rows],
-                                [len(props[i][1]) for i in rows], rows, expected, pick)
-            e, pick = expected[:top + 1], pick[:top + 1]
-        scale = self.realized.shrink(self._n_seqs)
-        if scale < 1.0:  # E' = 1 + scale x (E - 1), into the sequence's own buffer
-            e = np.subtract(e, 1.0, out=expected[:len(e)])
-            e *= scale
-            e += 1.0
-        return DraftOptions(props, e, pick, scale)
+        scale = self.realized.shrink(self._n_seqs)  # E' = 1 + scale x (E - 1), in the table
+        table = sp.table
+        top = best_expected([self.stats(sp, props[i][0]) for i in rows],
+                            [len(props[i][1]) for i in rows], rows, table, scale)
+        return DraftOptions(props, table.expected[:top + 1], table.pick[:top + 1], scale,
+                            table.at[0])
 
     def observe(self, sp: Speculation, emitted: list[int], n_accepted: int) -> None:
         """Score this step's proposals against the tokens the target emitted (`_score`);

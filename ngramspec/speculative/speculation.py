@@ -22,7 +22,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .acceptance import AcceptanceStats
+from .acceptance import AcceptanceStats, OptionsTable
 from .cost import MAX_DRAFT
 from .drafters import EMPTY, DrafterChain
 from .own_budget import OwnBudget
@@ -38,12 +38,15 @@ class DraftOptions:
     pick:      index into proposals of the drafter used at each K (pick[0] = -1).
     scale:     the factor `expected`'s extra tokens (E - 1) were shrunk by
                (DraftTrust.shrink; 1.0: as the statistics give them).
+    at:        the address of `expected`'s first value where it views the sequence's
+               OptionsTable (the planner's C search reads it there), else 0.
     """
 
     proposals: list[tuple[object, np.ndarray]] = field(default_factory=list)
     expected: np.ndarray | None = None
     pick: np.ndarray | None = None
     scale: float = 1.0
+    at: int = 0
 
     @property
     def k_max(self) -> int:
@@ -76,13 +79,15 @@ class Speculation:
         self.draft_n_accepted = 0
         self.own_n = 0  # of draft_n / draft_n_accepted: the tokens the own drafters drafted
         self.own_n_accepted = 0
-        # the policy's table of this step's options (DraftOptions.expected and .pick of
-        # several candidates are views of it: valid until `settle`)
-        self.table = (np.empty(MAX_DRAFT + 1), np.empty(MAX_DRAFT + 1, dtype=np.int64))
+        # the policy's table of this step's options (DraftOptions.expected and .pick are
+        # views of it: valid until `settle`)
+        self.table = OptionsTable()
 
-    def begin(self, prompt: np.ndarray) -> None:
+    def begin(self, prompt: np.ndarray, buffer: np.ndarray | None = None) -> None:
+        """Before the first plan (again after a context shift). `buffer`: the array whose
+        prefix every later `plan`'s history with it as numpy base is (DrafterChain.begin)."""
         self.copying = False
-        self.chain.begin(self.seq_id, prompt)
+        self.chain.begin(self.seq_id, prompt, buffer)
         for d in self.own:
             d.begin(self.seq_id, prompt)
 

@@ -37,6 +37,7 @@ class KernelHooks:
                 continue
             hook.install(cp)
             self.hooks[k.name] = hook
+        self._nodes = [self.hooks[n] for n in ("attention", "matmul") if n in self.hooks]
 
     def get(self, name: str):
         """The hook of kernel `name`, or None."""
@@ -44,10 +45,8 @@ class KernelHooks:
 
     def check(self) -> None:
         """After a decode: raise what a node hook met (attention, matmul)."""
-        for name in ("attention", "matmul"):
-            hook = self.hooks.get(name)
-            if hook is not None:
-                hook.check()
+        for hook in self._nodes:
+            hook.check()
 
     def state(self) -> dict[str, dict]:
         """Each kernel: {"active": bool, "reason": str, "variant": str}, and "scope" when

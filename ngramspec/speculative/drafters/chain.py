@@ -129,7 +129,10 @@ class DrafterChain:
         st.n_call_draft += 1
         return draft, st
 
-    def begin(self, seq_id: int, prompt: np.ndarray) -> None:
+    def begin(self, seq_id: int, prompt: np.ndarray, buffer: np.ndarray | None = None) -> None:
+        """The drafters' `begin`; `buffer`: the int32 array whose prefix every later
+        history of this sequence with it as numpy base is (the engine's token buffer:
+        the C calls then read it at an address taken once, NativeChain)."""
         self._last[seq_id] = None
         for d in self.drafters:
             t0 = time.perf_counter_ns()
@@ -138,7 +141,8 @@ class DrafterChain:
             st.t_begin_us += (time.perf_counter_ns() - t0) / 1e3
             st.n_call_begin += 1
         if self._params is not None:
-            self._native[seq_id] = NativeChain(self.pool, self.drafters, self._params, seq_id)
+            self._native[seq_id] = NativeChain(self.pool, self.drafters, self._params, seq_id,
+                                               buffer)
 
     def propose(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int,
                 first_only: bool = True, extra: Sequence[Drafter] = ()) -> list[tuple[Drafter, np.ndarray]]:

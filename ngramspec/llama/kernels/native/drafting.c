@@ -369,10 +369,11 @@ void ngs_expected(const double *dacc, const double *doff, int m, double sw, doub
  * ngs_expected takes them) E[tokens | K] for K = 0..len[r]; per K = 0..top (top = the
  * largest len) the first candidate with the most, candidates without K counting as
  * -infinity (numpy's argmax over the table): expected[K] its value, pick[K] = idx[it],
- * pick[0] = -1. Returns top. */
+ * pick[0] = -1; then, with scale < 1, every value's extra tokens shrunk by it:
+ * (expected[K] - 1) x scale + 1 (DraftTrust.shrink). Returns top. */
 int ngs_best_expected(const double *const *dacc, const double *const *doff, const double *sw,
                       const double *prior, const int32_t *len, const int64_t *idx, int rows,
-                      double *expected, int64_t *pick) {
+                      double *expected, int64_t *pick, double scale) {
     double e[NGS_MAX_DRAFT + 1];
     int top = 0;
     for (int r = 0; r < rows; ++r) if (len[r] > top) top = len[r];
@@ -385,6 +386,8 @@ int ngs_best_expected(const double *const *dacc, const double *const *doff, cons
             if (pick[k] == -2 || e[k] > expected[k]) { expected[k] = e[k]; pick[k] = idx[r]; }
     }
     pick[0] = -1;
+    if (scale < 1.0)
+        for (int k = 0; k <= top; ++k) expected[k] = (expected[k] - 1.0) * scale + 1.0;
     return top;
 }
 
