@@ -153,8 +153,8 @@ def _fill_head(ctx: "Context", entries, pads: dict[int, int], rows: list[list[in
     """After an armed decode: our output layer's rows (Hook.fill), in llama.cpp's order."""
     lengths = tuple((seq_id, len(t) + pads.get(seq_id, 0)) for seq_id, t, _, _ in entries)
     order = own_head.output_order(lengths, tuple(out), ctx.n_ubatch, ctx.per_seq_streams)
-    ctx.head.fill(ctx, order, {j for r in rows for j in r}, ctx.views.pos,
-                  logits=not argmax_only)
+    ctx.head.fill(ctx, order, {j for r in rows for j in r},
+                  ctx.views.pos[:len(out)].tolist(), logits=not argmax_only)
 
 
 def check_chunk(tokens: Sequence[int], limit: int) -> int:
