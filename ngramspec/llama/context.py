@@ -121,9 +121,9 @@ def fill_batch(bv: BatchViews, entries, pads: dict[int, int], pad_logits: dict[i
     """Write entries (seq_id, tokens, first position, logits: True every token, False
     the last, None none) and each one's pads (copies of its last token at the next
     positions, the first pad_logits of them with a logit row nobody reads) into the
-    llama_batch of `bv` (through its numpy views: half the time of ctypes' per-field
-    writes). Returns (per entry, the batch indices of its logit rows; per batch index,
-    whether it has a logit row)."""
+    llama_batch of `bv` (through its numpy views: a drafted decode's rows in half the time
+    of ctypes' per-field writes). Returns (per entry, the batch indices of its logit rows;
+    per batch index, whether it has a logit row)."""
     i = 0
     rows: list[list[int]] = []
     out: list[bool] = []
@@ -138,7 +138,7 @@ def fill_batch(bv: BatchViews, entries, pads: dict[int, int], pad_logits: dict[i
             mine, want = [i + n - 1], [False] * (n - 1) + [True]
         q = min(pad_logits.get(seq_id, 0), p)
         want += [True] * q + [False] * (p - q)
-        last = tokens[n - 1]
+        last = tokens[n - 1] if n else 0  # the pads' token
         for k, w in enumerate(want):
             tok[i], pos[i], seq[i], logits[i] = tokens[k] if k < n else last, pos0 + k, seq_id, w
             i += 1
