@@ -21,7 +21,7 @@ class BatchViews:
     `ramp` is 0, 1, ... rows - 1 (positions are written as ramp + the first)."""
 
     def __init__(self, lc, rows: int, n_seq_max: int):
-        self.lc, self.rows = lc, rows
+        self.lc = lc
         self.batch = b = lc.llama_batch_init(rows, 0, n_seq_max)
         self.token = np.ctypeslib.as_array(b.token, (rows,))
         self.pos = np.ctypeslib.as_array(b.pos, (rows,))

@@ -205,7 +205,6 @@ class Context(FreedOnCollect):
         self.memory = lc.llama_get_memory(self.ptr)
         self.swa_span = seq_cells.swa_span(lc, model.ptr, self.n_ctx_seq, self.n_ubatch, swa_full)
         self.views = BatchViews(lc, params.n_batch, params.n_seq_max)
-        self.batch = self.views.batch
         self.n_vocab = model.n_vocab
         self.logit_rows = LogitRows(self.n_vocab)
         self._layouts = ubatch.Layouts()  # layout_for's memo
@@ -229,7 +228,7 @@ class Context(FreedOnCollect):
         lc = _llama()
         if getattr(self, "views", None) is not None:
             self.views.free()
-            self.views = self.batch = None
+            self.views = None
         if getattr(self, "ptr", None):
             lc.llama_free(self.ptr)
             self.ptr = None
@@ -290,7 +289,7 @@ class Context(FreedOnCollect):
             for seq_id, tokens, pos0, _ in entries:
                 seq_cells.keep_window_ordered(self, seq_id, pos0 + len(tokens) + pads.get(seq_id, 0))
         lc, t0 = _llama(), time.perf_counter()
-        rc = lc.llama_decode(self.ptr, self.batch)
+        rc = lc.llama_decode(self.ptr, self.views.batch)
         try:
             if rc != 0:
                 raise RuntimeError(f"llama_decode failed with code {rc} (batch of {len(out)} tokens)")

@@ -106,7 +106,6 @@ class _SlotContext:
             raise ModelError(f"llama.cpp could not create a context of {n_ctx} tokens for "
                              f"{model.path}; try a smaller -c/--ctx-size")
         self.views = v = BatchViews(lc, rows, 3)
-        self.batch = v.batch
         v.logits[:] = 1  # every row has logits, except during `_run`
         self._tok, self._pos, self._seq, self._logits, self._ramp = (
             v.token, v.pos, v.seq, v.logits, v.ramp)
@@ -164,8 +163,8 @@ class _SlotContext:
         self._logits[:] = 1  # `step`'s rows all have logits
 
     def _decode(self, n: int) -> None:
-        self.batch.n_tokens = n
-        rc = self.lc.llama_decode(self.ptr, self.batch)
+        self.views.batch.n_tokens = n
+        rc = self.lc.llama_decode(self.ptr, self.views.batch)
         if rc != 0:
             raise RuntimeError(f"llama_decode failed with code {rc} (batch of {n} tokens)")
         self.lc.llama_synchronize(self.ptr)  # a device returns before it has finished
@@ -191,9 +190,7 @@ class _SlotContext:
         return self.logit_rows.row(self.ptr, i)
 
     def close(self) -> None:
-        if self.batch is not None:
-            self.views.free()
-            self.batch = None
+        self.views.free()  # once: it frees nothing a second time
         if self.ptr:
             self.lc.llama_free(self.ptr)
             self.ptr = None

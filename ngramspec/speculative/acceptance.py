@@ -121,7 +121,8 @@ class AcceptanceStats:
 
     def expected_tokens(self) -> np.ndarray:
         """E[tokens emitted | draft length K] for K = 0..MAX_DRAFT (computed once per
-        update: a step reads it for every proposal; callers must not write into it): by
+        update; callers must not write into it; a step's options table computes its rows
+        in C itself, `best_expected`, and reads this only without the library): by
         drafting.c's `ngs_expected` where the C library is loaded (~2.5 us instead of ~6
         hot), else by numpy; the same values (tests/test_native_drafting.py)."""
         if self._expected is None:
