@@ -53,7 +53,7 @@ def test_props_sizes_are_the_first_types():
 
 
 def test_one_output_budget_rule_for_requests_and_records():
-    from ngramspec.engine.engine import output_budget
+    from ngramspec.engine.request import output_budget
 
     assert output_budget(10, 100) == (10, False)
     assert output_budget(200, 100) == (100, True)

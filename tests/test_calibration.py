@@ -72,6 +72,7 @@ def test_a_slower_machine_is_picked_up_within_a_run(threads):
         return rows
 
     engine.ctx.decode = slow
+    engine.fold = None  # every step through ctx.decode (a folded run calls llama_decode in C)
     generate(engine, OPEN, SamplingParams(temperature=0), n_predict=96, speculative=False)
     now = float(np.median(took[-32:]))  # 1-token steps at ~60-110 cells
     assert engine.policy.cost.t(1, 90) == pytest.approx(now, rel=0.2), (now, engine.policy.cost)

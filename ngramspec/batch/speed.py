@@ -95,24 +95,25 @@ class StepTimer:
 
     def _record(self, active: list[tuple[int, int]], outs: list, dt: float) -> None:
         occ = self._by_b[len(active)]
-        per_plain = sum(o.accepted + 1 for o in outs) / len(active)
+        k = max(o.decodes for o in outs)  # a folded run (engine/fold.py): k plain decodes
+        per_plain = sum(o.accepted + o.decodes for o in outs) / len(active)
         occ.plain_steps += per_plain
         occ.plain_features += per_plain * self._probe.features(
             [Shape(sid, 1, 1, kv) for sid, kv in active])
         st = self.stats
-        st.steps += 1
+        st.steps += k
         st.seconds += dt
         if all(o.drafted == 0 for o in outs):
-            st.undrafted += 1
-            occ.undrafted += 1
+            st.undrafted += k
+            occ.undrafted += k
             occ.undrafted_seconds += dt
         shapes = [Shape(sid, 1 + o.drafted, 1 + o.drafted, kv) for (sid, kv), o in zip(active, outs)]
         if len(self._samples) < self.keep:
-            self._samples.append((shapes, dt))
+            self._samples.append((shapes, dt / k))
         else:
             j = self._rng.randrange(st.steps)
             if j < self.keep:
-                self._samples[j] = (shapes, dt)
+                self._samples[j] = (shapes, dt / k)
 
     def summary(self) -> SpeedStats:
         """The stats with plain decoding priced (see the module docstring)."""

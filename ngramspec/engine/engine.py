@@ -57,7 +57,8 @@ from ..llama.context import MAX_INVARIANT_BATCH, TILED_PREFILL_MIN, Context
 from ..llama.model import ContextOverflow, Model
 from ..speculative.policy import DraftPolicy, FixedPolicy
 from ..speculative.pool import HashPool
-from .request import Request
+from .fold import MAX_STEPS, STOP_STEPS, Fold
+from .request import Request, output_budget
 from .sampling import Sampler
 from ..settings.sampling import SamplingParams
 from ..speculative.speculation import NO_OPTIONS, Speculation
@@ -66,17 +67,6 @@ from ..speculative.stats import DrafterStats
 #: bytes of logit rows one generation decode may produce (Engine._limits): 128 rows of
 #: a 262k vocabulary, about what llama-server's 8 slots with 16-token drafts produce
 LOGIT_BUFFER_MAX = 128 << 20
-
-
-def output_budget(want: int, room: int, shift: bool = False) -> tuple[int, bool]:
-    """(n_predict, truncate_at_length) of a job: the tokens asked for (`want`; < 0: until
-    the end) within the `room` the slot leaves after the prompt, and whether stopping
-    there means the slot is full ("length" with truncated set). With a context shift
-    (`shift`) the slot never fills: `want` as given. The one rule of `Engine.start`,
-    and of the server's requests and batch's records (jobs/build.py)."""
-    if shift:
-        return want, False
-    return (room if want < 0 else min(want, room)), (want < 0 or want > room)
 
 
 @dataclass
@@ -103,6 +93,7 @@ class SeqState:
     n_shifted: int = 0  # tokens dropped by context shifts so far
     n_unshifted: int = 1 << 62  # leading KV tokens no shift has moved
     host_s: float = 0.0  # wall time of its generation steps outside the decodes' compute
+    fold_steps: int = 0  # the most steps a folded run makes of it (fold.py; 0: the default)
 
     @property
     def done(self) -> bool:
@@ -154,6 +145,7 @@ class StepOutput:
     finish_reason: str | None = None
     probs: list = field(default_factory=list)  # TokenProbs per token (n_probs > 0), same order
     error: NgramSpecError | None = None  # this sequence's own input failed it (finish "error")
+    decodes: int = 1  # the decodes it covers (a folded run of plain steps: fold.py)
 
 
 @dataclass
@@ -186,6 +178,7 @@ class Engine:
         self.calibration = calibration  # how the cost model was obtained (cost.calibrate_context)
         self.host_s = 0.0  # generation steps' wall time outside their decodes' compute
         self.n_steps = 0  # generation steps (decodes) made
+        self.fold = Fold.of(ctx, model, draft_drafter)  # plain steps in one C call, or None
 
     # ------------------------------------------------------------ admission
     def reusable_prefix(self, seq_id: int, prompt: np.ndarray) -> int:
@@ -228,6 +221,7 @@ class Engine:
         st = SeqState(seq_id=seq_id, sampler=sampler, n_predict=n_predict,
                       tokens=np.zeros(n_ctx + 1, dtype=np.int32), n_prompt=len(prompt))
         st.t_start = time.perf_counter()
+        st.fold_steps = STOP_STEPS if req.stop else MAX_STEPS
         st.tokens[:len(prompt)] = prompt
         if shift is not None:
             keep, st.n_discard = shift
@@ -352,16 +346,24 @@ class Engine:
             if st.n_keep is not None and st.n_hist + 1 >= self.ctx.n_ctx_seq:
                 self._shift(st)
         drafts = self._drafts(active)
-        entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
-                   for st, d in zip(active, drafts)]
-        rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active),
-                                  self.speculates() or
-                                  any(st.speculation is not None for st in active))
-        out = {id(st): self._checked_verify(st, d, r) for st, d, r in zip(active, drafts, rows)}
+        observed = self.speculates() or any(st.speculation is not None for st in active)
+        folded = (bool(active) and self.fold is not None and not any(len(d) for d in drafts)
+                  and self.fold.steps(self, active))
+        if folded:  # this step and the plain ones after it in one C call (fold.py)
+            folded, kept = self.fold.run(self, active, folded, observed)
+            out = {id(st): StepOutput(kept[id(st)], finish_reason=st.finish_reason,
+                                      decodes=folded) for st in active}
+        else:
+            entries = [(st.seq_id, [st.sampled, *d.tolist()], st.n_hist, True)
+                       for st, d in zip(active, drafts)]
+            rows = self._timed_decode(entries, all(st.sampler.argmax_only for st in active),
+                                      observed)
+            out = {id(st): self._checked_verify(st, d, r)
+                   for st, d, r in zip(active, drafts, rows)}
         if active:
             host = time.perf_counter() - t0 - self.ctx.compute_s
             self.host_s += host
-            self.n_steps += 1
+            self.n_steps += folded or 1
             for st in active:
                 st.host_s += host
         return [out.get(id(s), StepOutput([], finish_reason=s.finish_reason)) for s in seqs]
@@ -473,11 +475,11 @@ class Engine:
 
     # ------------------------------------------------------------ one sequence
     def generate_step(self, prompt, sampling: SamplingParams, n_predict: int = 256,
-                      speculative: bool = True, seq_id: int = 0,
-                      spec: SpecConfig | None = None) -> Iterator[tuple[SeqState, StepOutput]]:
+                      speculative: bool = True, seq_id: int = 0, spec: SpecConfig | None = None,
+                      stop: Sequence[str] = ()) -> Iterator[tuple[SeqState, StepOutput]]:
         """Yield (state, StepOutput) per decode that emitted for one sequence until it finishes."""
         st = self.start(seq_id, Request(prompt=prompt, sampling=sampling, n_predict=n_predict,
-                                        speculative=speculative, spec=spec))
+                                        speculative=speculative, spec=spec, stop=stop))
         try:
             first = None
             while first is None:

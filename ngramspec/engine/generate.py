@@ -184,7 +184,8 @@ def stream_generate(engine: Engine, prompt: str | Sequence[int], sampling: Sampl
     """Yield a GenerationResponse per decode that emitted; the last one has finish_reason set."""
     tokens = engine.model.tokenize(prompt) if isinstance(prompt, str) else prompt
     gen = None
-    for st, out in engine.generate_step(tokens, sampling, n_predict, speculative, seq_id, spec):
+    for st, out in engine.generate_step(tokens, sampling, n_predict, speculative, seq_id, spec,
+                                         stop):
         gen = gen or Generation(engine.model, st, stop)
         r = gen.push(out)
         yield r

@@ -9,7 +9,7 @@ grammar rule).
 
 Invariants:
 - A prompt that leaves no room in a slot raises ContextOverflow before anything else.
-- n_predict within the slot is `engine.output_budget`, the rule `Engine.start` applies.
+- n_predict within the slot is `engine.request.output_budget`, the rule `Engine.start` applies.
 - A record and a request with the same fields give the same Job.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 from .prediction import prediction_tokens
 from .samplers import other_samplers
 from .scheduler import Job
-from ..engine.engine import output_budget
+from ..engine.request import output_budget
 from ..settings.grammar import json_grammar, schema_grammar
 from ..settings.sampling import SamplingParams, seed_or_random
 from ..errors import ConfigError

@@ -76,7 +76,6 @@ class Job(Request):
     """An engine Request (prompt, sampling, n_predict already clamped to the slot's
     context, speculation, prediction, context shift) and what the scheduler needs."""
 
-    stop: list[str]
     sink: Callable[[Event], None]  # called from the scheduler thread; must not block
     truncate_at_length: bool = False  # n_predict was clamped: "length" means the slot is full
     return_progress: bool = False  # send a progress event at the start and per prompt chunk
@@ -324,8 +323,9 @@ class Scheduler:
     def _step(self, slots: list[Slot]) -> None:
         outs = self.engine.step([s.st for s in slots])
         c = self.counters
-        c.n_decode += 1
-        c.n_busy_slots += len(slots)
+        decodes = max((o.decodes for o in outs), default=1)  # a folded run: several
+        c.n_decode += decodes
+        c.n_busy_slots += len(slots) * decodes
         for s, out in zip(slots, outs):
             if out.error is not None:  # this job's own input failed it (a grammar dead end)
                 self._fail(s, out.error)

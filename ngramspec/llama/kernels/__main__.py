@@ -13,10 +13,11 @@ def main(argv: list[str]) -> int:
     if argv != ["build"]:
         print("usage: python -m ngramspec.llama.kernels build", file=sys.stderr)
         return 2
-    # the drafters' loops: plain C for any CPU (the Python reference runs where it fails)
-    built = build.library(build.DRAFTING, build.GENERIC, force=True)
-    print(f"ngramspec drafting loops ({build.GENERIC}): " +
-          (f"built ({built.path})" if built.lib is not None else f"not built, {built.reason}"))
+    # the drafters' loops and the folded steps: plain C for any CPU (Python runs where they fail)
+    for name, what in ((build.DRAFTING, "drafting loops"), (build.FOLD, "folded steps")):
+        built = build.library(name, build.GENERIC, force=True)
+        print(f"ngramspec {what} ({build.GENERIC}): " +
+              (f"built ({built.path})" if built.lib is not None else f"not built, {built.reason}"))
     reason = guard.cpu_reason()
     if reason:
         print(f"ngramspec kernels: not built, {reason}; llama.cpp's kernels run instead")

@@ -53,6 +53,7 @@ VARIANTS = {
 GENERIC = "generic"
 GENERIC_CFLAGS = ("-O2", "-ffp-contract=off", "-shared", "-fPIC")
 DRAFTING = "drafting"  # native/drafting.c: the drafters' loops (speculative/native.py)
+FOLD = "fold"  # native/fold.c: plain steps in one call (engine/fold.py)
 _LOCK = threading.Lock()
 _DONE: dict[tuple[str, str], "Built"] = {}
 

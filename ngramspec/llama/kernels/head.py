@@ -101,6 +101,8 @@ class Hook:
         self.active = self._checking = False
         self.one_row = True  # one-row decodes take ours too (`choose_one_row`)
         self.one_row_ms: tuple[float, float] | None = None  # (ours, llama.cpp's) one-row decode
+        self.one_row_same = False  # llama.cpp's one-row logits are ours bit for bit
+        self.one_row_folded = False  # re-timed against folded steps (engine/fold.py)
         self._lazy: tuple[list[int], list[int]] | None = None  # rows, batch indices
         self.tops: dict[int, int] = {}  # the last armed decode's argmax by batch index
         self.kernel_s = 0.0  # seconds in the kernel since the last decode began (`forget`)
@@ -262,6 +264,7 @@ class Hook:
                 and got[True][1] == got[False][1])
         ours, theirs = (float(np.median(times[m][1:])) * 1e3 for m in (True, False))
         self.one_row_ms = (ours, theirs)
+        self.one_row_same = same
         self.one_row = not same or ours <= theirs  # not in the cost key (cost._kernel_key)
 
 

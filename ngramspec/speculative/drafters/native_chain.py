@@ -64,6 +64,14 @@ class NativeChain:
         self._args = tuple(C.c_void_p(a.ctypes.data) for a in (
             params, self.states, self.out, self.lens, self.starts, self.filled))
         self._lib = pool._c
+        self._preset: tuple | None = None  # `preset`'s (call, resume index)
+
+    def preset(self, call: tuple, resume: int) -> None:
+        """A folded run (engine/fold.py) made the first ngs_propose of the `ask` whose
+        (L, sampled, max_len, min_len, first_only, lo, hi) is `call`, into these buffers,
+        and it returned `resume`: that ask goes on from there (so no drafter is asked twice
+        for one step: ngram-map-k counts its key's hits per call). Any other ask drops it."""
+        self._preset = (call, resume)
 
     def ask(self, seq_id: int, history: np.ndarray, sampled: int, max_len: int, min_len: int,
             first_only: bool, lo: int, hi: int) -> tuple[list, int]:
@@ -76,10 +84,14 @@ class NativeChain:
         else:
             ptr = pool._address(_int32(history))
         L, py = len(history), {}
-        i = lo
+        i, preset, self._preset = lo, self._preset, None
+        made = preset is not None and preset[0] == (L, sampled, max_len, min_len, first_only, lo, hi)
         while i < hi:
-            i = lib.ngs_propose(pool._ptr, pool._shift, pool.resets, ptr, L, sampled, max_len,
-                                min_len, first_only, hi, i, p, s, o, self.stride, ln, st, fl)
+            if made:
+                i, made = preset[1], False
+            else:
+                i = lib.ngs_propose(pool._ptr, pool._shift, pool.resets, ptr, L, sampled, max_len,
+                                    min_len, first_only, hi, i, p, s, o, self.stride, ln, st, fl)
             if i >= hi:
                 break
             py[i] = d = self.drafters[i].draft(seq_id, history, sampled, max_len)[:max_len]
