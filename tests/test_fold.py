@@ -125,19 +125,25 @@ def test_a_run_stops_at_an_end_of_generation_token(fast, monkeypatch):
     assert got[1] == ["stop"] and len(got[0][0]) == free.index(eog)
 
 
-@pytest.mark.parametrize("case", ["auto-resting", "auto-active", "ngram-map-k", "ngram-mod"])
+@pytest.mark.parametrize("case", ["auto-resting", "auto-active", "ngram-map-k", "ngram-mod",
+                                  "ngram-mod-2", "auto-resting-2"])
 def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, threads, monkeypatch):
     """The looks a run makes before its steps (a resting sequence's watch, every drafter of
     an active one or of a fixed type) are the ones `Engine.step` makes: the same calls,
     proposals, drafts and tokens, a look that finds a draft ending the run before its step
     (and resumed there, not asked again: ngram-map-k counts hits per call). auto is made
     deterministic: its Rests kept resting (watching every step) or active, every plan
-    declined; the fixed types are deterministic as they are."""
+    declined; the fixed types are deterministic as they are. "-2": two slots side by side
+    (our output layer off, so that their two-row decodes fold)."""
     from ngramspec.engine.runtime import load_engine
     from ngramspec.settings.engine import EngineSettings
     from ngramspec.speculative import policy as P
     from ngramspec.speculative.rest import Rest, Rests
 
+    slots = 2 if case.endswith("-2") else 1
+    case = case.removesuffix("-2")
+    if slots > 1:
+        monkeypatch.setenv("NGRAMSPEC_OWN_HEAD", "0")
     spec = SpecConfig(types=(case.split("-")[0] if case.startswith("auto") else case,),
                       policy="cost" if case.startswith("auto") else "fixed")
     if case.startswith("auto"):
@@ -153,15 +159,15 @@ def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, thre
         monkeypatch.setattr(P.CostPolicy, "plan", lambda self, options, *a: [0] * len(options))
 
     def engine():  # a fresh pool each time: ngram-mod's table remembers earlier outputs
-        eng = load_engine(EngineSettings(model=fast_model_path, threads=threads, n_ctx=4096,
-                                         spec=spec))
+        eng = load_engine(EngineSettings(model=fast_model_path, threads=threads,
+                                         n_ctx=4096 * slots, n_seq=slots, spec=spec))
         if eng.fold is None:
             pytest.skip("no folded steps on this build")
         if eng.ctx.head is not None:
             eng.ctx.head.one_row = False
         return eng
 
-    prompt = (FIXTURES / "refactor.txt").read_text()
+    prompts = [(FIXTURES / "refactor.txt").read_text(), (FIXTURES / "story.txt").read_text()]
     runs = []
     orig = F.Fold.run
 
@@ -177,8 +183,8 @@ def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, thre
                     v.n_gen_tokens, v.n_acc_tokens) for k, v in eng.stats().items()}
 
     ref_eng, eng = engine(), engine()
-    ref = _generate(ref_eng, [prompt], 150, fold=False)
-    got = _generate(eng, [prompt], 150, fold=True)
+    ref = _generate(ref_eng, prompts[:slots], 150, fold=False)
+    got = _generate(eng, prompts[:slots], 150, fold=True)
     assert got == ref
     assert stats(eng) == stats(ref_eng)
     assert eng.fold.n_folded > 20

@@ -189,11 +189,18 @@ static int ngs_fold_look(const ngs_fold *f, ngs_fold_seq *q, int s) {
     return 0;
 }
 
-/* The looks before step s of every sequence: 1 where the run stops there (nothing counted),
- * else each look that was made counted (it found nothing). */
+/* The looks before step s of every sequence, in order: 1 where the run stops there (nothing
+ * counted), else each look that was made counted (it found nothing). A look that needs
+ * Python ends them: the engine's step drafts that drafter (which may write the shared
+ * pool) before it asks the later sequences, so they are asked afresh then. */
 static int ngs_fold_looks(const ngs_fold *f, ngs_fold_seq *seqs, int s) {
     int stop = 0;
-    for (int j = 0; j < f->n_seqs; ++j) stop |= ngs_fold_look(f, seqs + j, s);
+    for (int j = 0; j < f->n_seqs; ++j) seqs[j].resume = -1;
+    for (int j = 0; j < f->n_seqs; ++j) {
+        stop |= ngs_fold_look(f, seqs + j, s);
+        const int hi = seqs[j].look && seqs[j].look[s] == NGS_LOOK_WATCH ? seqs[j].w + 1 : seqs[j].n_d;
+        if (seqs[j].resume >= 0 && seqs[j].resume < hi) break;
+    }
     if (stop) return 1;
     for (int j = 0; j < f->n_seqs; ++j) {
         ngs_fold_seq *q = seqs + j;
