@@ -272,7 +272,7 @@ class _FakeEngine:
                                                 "pad": False})
         self.clock, self.script, self.n = clock, script, 0
 
-    def step(self, seqs):
+    def step(self, seqs, fold=True):
         from ngramspec.engine.engine import StepOutput
 
         k, acc = self.script(self.n)

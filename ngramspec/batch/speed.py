@@ -83,11 +83,11 @@ class StepTimer:
     def __getattr__(self, name: str):
         return getattr(self.engine, name)
 
-    def step(self, seqs: Sequence) -> list:
+    def step(self, seqs: Sequence, fold: bool = True) -> list:
         mask = [not s.done and not s.prefilling for s in seqs]
         active = [(s.seq_id, s.n_hist) for s, m in zip(seqs, mask) if m]
         t0 = self.clock()
-        outs = self.engine.step(seqs)
+        outs = self.engine.step(seqs, fold)
         dt = self.clock() - t0
         if active:
             self._record(active, [o for o, m in zip(outs, mask) if m], dt)

@@ -335,10 +335,12 @@ class Engine:
             return MAX_INVARIANT_BATCH, min(self.ctx.n_batch - n_seq, logit_rows)
         return MAX_INVARIANT_BATCH, min(MAX_INVARIANT_BATCH, logit_rows)
 
-    def step(self, seqs: Sequence[SeqState]) -> list[StepOutput]:
+    def step(self, seqs: Sequence[SeqState], fold: bool = True) -> list[StepOutput]:
         """One verify step for every generating sequence in `seqs`, in ONE llama_decode.
         The decode takes the sequences in ascending seq id whatever the order of `seqs`
-        (llama.cpp forms fewer ubatches from runs of consecutive ids: ubatch.py)."""
+        (llama.cpp forms fewer ubatches from runs of consecutive ids: ubatch.py). With
+        `fold`, plain steps after it may be made in the same call (fold.py): a caller
+        with a prompt to evaluate meanwhile passes False."""
         t0 = time.perf_counter()
         active = sorted((s for s in seqs if not s.done and not s.prefilling),
                         key=lambda s: s.seq_id)
@@ -347,7 +349,7 @@ class Engine:
                 self._shift(st)
         drafts = self._drafts(active)
         observed = self.speculates() or any(st.speculation is not None for st in active)
-        folded = (bool(active) and self.fold is not None and not any(len(d) for d in drafts)
+        folded = (fold and bool(active) and self.fold is not None and not any(map(len, drafts))
                   and self.fold.steps(self, active))
         if folded:  # this step and the plain ones after it in one C call (fold.py)
             folded, kept = self.fold.run(self, active, folded, observed)

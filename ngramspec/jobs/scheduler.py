@@ -291,8 +291,8 @@ class Scheduler:
         if filling:
             s = min(filling, key=lambda s: s.job.t_queued)
             self._guard([s], lambda: self._prefill(s, self.engine.ctx.prefill_chunk))
-        if generating:
-            self._guard(generating, lambda: self._step(generating))
+        if generating:  # folded steps (engine/fold.py) only while no prompt waits for a turn
+            self._guard(generating, lambda: self._step(generating, fold=not filling))
 
     def _guard(self, slots: list[Slot], work: Callable[[], None]) -> None:
         try:
@@ -320,8 +320,8 @@ class Scheduler:
         c.prompt_seconds += st.t_prompt_done - st.t_start
         self._deliver(s, out)
 
-    def _step(self, slots: list[Slot]) -> None:
-        outs = self.engine.step([s.st for s in slots])
+    def _step(self, slots: list[Slot], fold: bool = True) -> None:
+        outs = self.engine.step([s.st for s in slots], fold)
         c = self.counters
         decodes = max((o.decodes for o in outs), default=1)  # a folded run: several
         c.n_decode += decodes
