@@ -298,6 +298,9 @@ class Fold:
             ctx.head.forget()
         k = self.lib.ngs_fold_steps(*self._args)
         ctx.kernels.check()
+        if WHY[r.why] == "failed":  # a decode with no rows to read may have written its cells
+            for j, st in enumerate(active):
+                ctx.truncate(st.seq_id, self.seqs[j].n_hist)
         if k == 0 and WHY[r.why] == "failed":
             raise RuntimeError(f"llama_decode failed with code {r.rc} (batch of {len(active)} tokens)")
         seconds = (self.compute[:k] * 1e-9).tolist()

@@ -245,6 +245,8 @@ int ngs_fold_steps(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
         if (stop) { f->why = NGS_FOLD_LOOK; break; }
         f->rc = ngs_fold_decode(f, seqs, compute_ns + s);
         if (f->rc != 0) { f->why = NGS_FOLD_FAILED; break; }
+        for (int j = 0; j < f->n_seqs; ++j) if (!f->row(f->ctx, j)) f->rc = -1;
+        if (f->rc != 0) { f->why = NGS_FOLD_FAILED; break; }  /* the caller drops this step's KV */
         for (int j = 0; j < f->n_seqs; ++j) {
             ngs_fold_seq *q = seqs + j;
             const int32_t tok = argmax(f->row(f->ctx, j), f->n_vocab);
