@@ -166,9 +166,10 @@ int32_t ngs_fold_argmax(const float *x, int32_t n) { return ngs_argmax_pick()(x,
 
 /* Sequence q's look before step s (q->look[s]), as DrafterChain.watch / propose make it
  * with NativeChain.ask (both call ngs_propose so): q->resume is what ngs_propose returned
- * (-1: no look), the time goes to q->look_ns[s]. Returns 1 where the look found a draft or
- * needs Python (the run stops before step s, and the caller resumes the look from
- * q->resume: NativeChain.preset, so no drafter is asked twice for one step). */
+ * (-1: no look), the time goes to q->look_ns[s]. Returns 1 where the look found a draft, 2
+ * where it needs Python (either way the run stops before step s, and the caller resumes
+ * the look from q->resume: NativeChain.preset, so no drafter is asked twice for one
+ * step), 0 otherwise. */
 static int ngs_fold_look(const ngs_fold *f, ngs_fold_seq *q, int s) {
     const int mode = q->look ? q->look[s] : NGS_LOOK_NONE;
     const int room = q->room - s;
@@ -184,7 +185,7 @@ static int ngs_fold_look(const ngs_fold *f, ngs_fold_seq *q, int s) {
                            max_len, q->min_len, first, hi, lo, q->params, q->states, q->out,
                            q->out_stride, q->lens, q->starts, q->filled);
     q->look_ns[s] = ngs_now() - t0;
-    if (q->resume < hi) return 1;
+    if (q->resume < hi) return 2;
     for (int i = lo; i < hi; ++i) if (q->lens[i] >= q->min_len && q->lens[i] > 0) return 1;
     return 0;
 }
@@ -197,9 +198,9 @@ static int ngs_fold_looks(const ngs_fold *f, ngs_fold_seq *seqs, int s) {
     int stop = 0;
     for (int j = 0; j < f->n_seqs; ++j) seqs[j].resume = -1;
     for (int j = 0; j < f->n_seqs; ++j) {
-        stop |= ngs_fold_look(f, seqs + j, s);
-        const int hi = seqs[j].look && seqs[j].look[s] == NGS_LOOK_WATCH ? seqs[j].w + 1 : seqs[j].n_d;
-        if (seqs[j].resume >= 0 && seqs[j].resume < hi) break;
+        const int r = ngs_fold_look(f, seqs + j, s);
+        stop |= r;
+        if (r == 2) break;
     }
     if (stop) return 1;
     for (int j = 0; j < f->n_seqs; ++j) {
