@@ -8,6 +8,7 @@ import numpy as np
 from ngramspec.speculative.cost import DecodeCost, Shape
 from ngramspec.speculative.draft_trust import DECAY, PRIOR, SHRINK_MIN, DraftTrust, bucket
 from ngramspec.speculative.planner import plan
+from ngramspec.speculative.shadow import Shadows
 from ngramspec.speculative.policy import CostPolicy
 from ngramspec.speculative.speculation import DraftOptions
 
@@ -84,13 +85,14 @@ def test_cost_policy_scores_its_drafted_decodes():
     shapes = [Shape(0, 33, 33, 700), *(Shape(i, 1, 1, 700) for i in range(1, 8))]
     predicted = CPU8.seconds(shapes)
 
-    class Seq:  # the two fields CostPolicy.observe reads for the trust
+    class Seq:  # the fields CostPolicy.observe reads for the trust
         committed = ("ngram-mod", 32)
         options = DraftOptions([], np.linspace(1.0, 33.0, 33), np.zeros(33, int))
         copying = False
         stats: dict = {}
         seq_id = 0
         budget = None  # no prediction of its own
+        shadows = Shadows()  # no declined proposal followed
     for _ in range(20):  # 32 drafted, ~all predicted, 4 accepted, at the predicted speed
         pol.observe_decode(shapes, predicted)
         pol.observe(Seq(), [1] * 5, 4)
@@ -146,3 +148,19 @@ def test_the_policy_prices_drafts_on_shrunk_tokens():
     assert got.scale == c
     assert np.allclose(got.expected, 1.0 + c * (e - 1.0))
     assert np.array_equal(pol.stats(sp, found[0][0]).expected_tokens()[:9], e)
+
+
+def test_shrink_returns_towards_one_while_nothing_is_drafted():
+    """The expected tokens' sums decay with every decode of the bucket, drafted or not:
+    a bucket whose drafts ran high and that then declines every draft does not keep its
+    low shrink (which would keep it declining), it returns towards 1."""
+    t = DraftTrust()
+    for _ in range(100):
+        t.decode(1, 0.01, 0.01, drafted=True)
+        t.sequence(11.0, 2)
+    low = t.shrink(1)
+    assert low < 0.6
+    for _ in range(200):  # ~6 half-lives of TOKEN_DECAY
+        t.decode(1, 0.0, 0.01, drafted=False)
+    assert t.shrink(1) > low + 0.15
+    assert t.shrink(8) == 1.0

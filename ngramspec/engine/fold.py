@@ -348,6 +348,8 @@ class Fold:
         st.steps += k
         sp = st.speculation
         if sp is not None:
+            if sp.shadows:  # the run's later tokens (its first was settled: `_replay`)
+                sp.shadows.follow(tokens[1:])
             chain = sp.chain
             nat = chain._native.get(st.seq_id)
             looked = self.look_ns[j, 1:k].sum() / 1e3

@@ -61,6 +61,7 @@ class AcceptanceStats:
         self._off_sum, self._acc_sum = float(off.sum()), float(acc.sum())
         self._doff, self._dacc = _differences(off), _differences(acc)  # raw, as differences
         self.n_updates = 0
+        self._epoch = 0  # rescales of the raw counts (`update`): a record's weight is of its epoch
         self._expected: np.ndarray | None = None
         self._lib = native.kernel()  # C expected tokens (drafting.c), or None: numpy's
         self._ptrs = (self._dacc.ctypes.data, self._doff.ctypes.data) if self._lib else None
@@ -73,26 +74,43 @@ class AcceptanceStats:
     def accepted(self) -> np.ndarray:
         return _suffix_sums(self._dacc) / self._w  # new arrays: the divisions copy
 
-    def update(self, n_offered: int, n_accepted: int) -> None:
-        """Record a verified draft of length n_offered with n_accepted accepted."""
+    def update(self, n_offered: int, n_accepted: int) -> tuple:
+        """Record a verified draft of length n_offered with n_accepted accepted; returns
+        the record (its raw weight, positions seen, accepted, epoch) for `revise`."""
         self._expected = None
-        n_offered = min(n_offered, MAX_DRAFT)
-        n_accepted = min(n_accepted, n_offered)
         w = self._w = self._w / self.decay
         if w > 1e100:  # fold the scale back into the counts
             self._doff, self._dacc = self._doff / w, self._dacc / w
             self._off_sum, self._acc_sum = self._off_sum / w, self._acc_sum / w
             w = self._w = 1.0
+            self._epoch += 1
             if self._lib:
                 self._ptrs = (self._dacc.ctypes.data, self._doff.ctypes.data)
-        seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
-        if seen:  # position seen - 1, stored last first
-            self._doff[MAX_DRAFT - seen] += w
-        if n_accepted:
-            self._dacc[MAX_DRAFT - n_accepted] += w
-        self._off_sum += seen * w  # the counts' sums, kept as they grow (`p`)
-        self._acc_sum += n_accepted * w
         self.n_updates += 1
+        return self._move((w, 0, 0, self._epoch), n_offered, n_accepted)
+
+    def revise(self, record: tuple, n_offered: int, n_accepted: int) -> tuple | None:
+        """Move an earlier draft (`update`'s record) to n_offered / n_accepted, at its
+        own weight (its age unchanged): a declined proposal followed along the output
+        (shadow.py). None where the counts were rescaled since: the record stays."""
+        if record[3] != self._epoch:
+            return None
+        self._expected = None
+        return self._move(record, n_offered, n_accepted)
+
+    def _move(self, record: tuple, n_offered: int, n_accepted: int) -> tuple:
+        w, seen0, acc0, epoch = record
+        n_offered = min(n_offered, MAX_DRAFT)
+        n_accepted = min(n_accepted, n_offered)
+        seen = min(n_accepted + 1, n_offered)  # positions verified: accepted ones + first miss
+        for d, old, new in ((self._doff, seen0, seen), (self._dacc, acc0, n_accepted)):
+            if old:  # position old - 1, stored last first
+                d[MAX_DRAFT - old] -= w
+            if new:
+                d[MAX_DRAFT - new] += w
+        self._off_sum += (seen - seen0) * w  # the counts' sums, kept as they grow (`p`)
+        self._acc_sum += (n_accepted - acc0) * w
+        return (w, seen, n_accepted, epoch)
 
     def _pooled(self) -> float:
         """The drafter's pooled acceptance rate over all positions (Beta prior)."""

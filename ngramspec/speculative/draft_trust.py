@@ -30,9 +30,12 @@ before the planner sees it (`CostPolicy.options`: E' = 1 + shrink x (E - 1)); th
 ratio above then measures what is left (the decode's time, the shrink's own error).
 
 Invariants: the factors only decide which drafts are verified, never which tokens are
-emitted. Every decode of a bucket decays its sums, drafted or not, so a
-bucket that stopped drafting returns towards trust 1 within a few dozen decodes and
-measures again. Records are opened by `decode` (once per generation decode) and
+emitted. Every decode of a bucket decays its sums, drafted or not (the expected
+tokens' sums too), so a bucket that stopped drafting returns towards trust 1 within a
+few dozen decodes, and towards shrink 1 as its evidence fades below the prior's
+(half-life ~35 decodes), and measures again: a shrink that only drafted decodes
+decayed held a bucket whose drafts had run high at 0.58 for as long as it declined (the
+summarize fixture, 4-block model: 100 steps without a draft while a copy went by). Records are opened by `decode` (once per generation decode) and
 filled by `sequence` (once per sequence of that decode, after it), as the engine
 calls the policy: observe_decode, then observe per sequence.
 """
@@ -45,7 +48,7 @@ N_BUCKETS = 5
 DECAY = 0.97  # per decode of the bucket (half-life ~23 decodes)
 PRIOR = 3.0  # pseudo-decodes at realized = predicted
 CLIP = 4.0  # one decode's ratio counts within [1/CLIP, CLIP] (a preempted decode)
-TOKEN_DECAY = 0.98  # per drafted decode of the bucket: the expected tokens' evidence
+TOKEN_DECAY = 0.98  # per decode of the bucket, drafted or not: the expected tokens' evidence
 TOKEN_PRIOR = 16.0  # pseudo draft tokens, accepted as expected
 SHRINK_MIN = 0.5
 
@@ -96,6 +99,8 @@ class DraftTrust:
         b = bucket(n_seqs)
         self.total[b] *= DECAY
         self.weight[b] *= DECAY
+        self.expected[b] *= TOKEN_DECAY
+        self.accepted[b] *= TOKEN_DECAY
         if drafted and predicted_s > 0 and measured_s > 0:
             self._open = _Record(n_seqs, predicted_s, measured_s)
 
@@ -113,8 +118,8 @@ class DraftTrust:
         if r is None or r.predicted_extra <= 0:
             return
         b = bucket(r.n_seqs)
-        self.expected[b] = TOKEN_DECAY * self.expected[b] + r.raw_extra
-        self.accepted[b] = TOKEN_DECAY * self.accepted[b] + r.realized_extra
+        self.expected[b] += r.raw_extra
+        self.accepted[b] += r.realized_extra
         predicted = (r.n_seqs + r.predicted_extra) / r.predicted_s
         realized = (r.n_seqs + r.realized_extra) / r.measured_s
         ratio = min(max(realized / predicted, 1.0 / CLIP), CLIP)

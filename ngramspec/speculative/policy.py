@@ -219,9 +219,11 @@ class CostPolicy:
             g = self.global_stats[key] = AcceptanceStats(decay=0.995)
         return g
 
-    def _update(self, sp: Speculation, drafter, offered: int, accepted: int) -> None:
-        self.stats(sp, drafter).update(offered, accepted)
-        self._global(_state_key(sp, drafter)).update(offered, accepted)
+    def _update(self, sp: Speculation, drafter, offered: int, accepted: int) -> list:
+        """Record a draft in the sequence's and the global statistics of its drafter and
+        run state; their records ((stats, record) pairs: a shadow moves them)."""
+        return [(s, s.update(offered, accepted))
+                for s in (self.stats(sp, drafter), self._global(_state_key(sp, drafter)))]
 
     @_timed
     def options(self, sp: Speculation, history: np.ndarray, sampled: int, room: int,
@@ -250,6 +252,8 @@ class CostPolicy:
         resting step costs no more host time than it must."""
         if sp.committed is None and not sp.options.proposals:
             sp.copying = False
+            if sp.shadows:
+                sp.shadows.follow(emitted)
             return
         self._score(sp, emitted, n_accepted)
 
@@ -262,8 +266,12 @@ class CostPolicy:
             if e is not None:
                 self.realized.sequence(float(e[min(sp.committed[1], len(e) - 1)]), n_accepted,
                                        sp.options.scale)
+        shadows = sp.shadows
+        if shadows:
+            shadows.follow(emitted)
         for d, dr in sp.options.proposals:
             if sp.committed is not None and d.name == sp.committed[0]:
+                shadows.drop(d.name)  # the verify scores its copy from here
                 self._update(sp, d, sp.committed[1], n_accepted)
                 if sp.budget is not None and d in sp.own:
                     sp.budget.settle(self.cost, sp.committed[1], n_accepted)
@@ -280,8 +288,10 @@ class CostPolicy:
                 sp.budget.settle(self.cost, 0, m)  # right (or not), whoever drafted
             if m < n:  # a miss at m: positions 0..m seen, m accepted
                 self._update(sp, d, len(dr), m)
-            elif m > 0:  # all known tokens matched: censored at m
-                self._update(sp, d, m, m)
+            elif m > 0:  # all known tokens matched: censored at m (followed: shadow.py)
+                records = self._update(sp, d, m, m)
+                if m < len(dr) and d.name not in shadows:
+                    shadows.add(d.name, dr.tolist(), m, records)
         sp.copying = sp.committed is not None and n_accepted == sp.committed[1]
 
     @_timed

@@ -26,6 +26,7 @@ from .acceptance import AcceptanceStats, OptionsTable
 from .cost import MAX_DRAFT
 from .drafters import EMPTY, DrafterChain
 from .own_budget import OwnBudget
+from .shadow import Shadows
 
 
 @dataclass
@@ -73,6 +74,7 @@ class Speculation:
         # this sequence's acceptance per (drafter, copying) (CostPolicy)
         self.stats: dict[tuple[str, bool], AcceptanceStats] = {}
         self.copying = False  # the previous step verified a draft and accepted all of it
+        self.shadows = Shadows()  # declined proposals followed along the output (CostPolicy)
         self.options = NO_OPTIONS
         self.committed: tuple[str, int] | None = None  # (drafter name, length) verified this step
         self.draft_n = 0
@@ -87,6 +89,7 @@ class Speculation:
         """Before the first plan (again after a context shift). `buffer`: the array whose
         prefix every later `plan`'s history with it as numpy base is (DrafterChain.begin)."""
         self.copying = False
+        self.shadows.drop()
         self.chain.begin(self.seq_id, prompt, buffer)
         for d in self.own:
             d.begin(self.seq_id, prompt)
@@ -146,6 +149,7 @@ class Speculation:
         self.options, self.committed = NO_OPTIONS, None
 
     def end(self) -> None:
+        self.shadows.drop()
         self.chain.end(self.seq_id)
         for d in self.own:
             d.end(self.seq_id)
