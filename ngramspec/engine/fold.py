@@ -23,8 +23,11 @@ Invariants:
 - A run starts only after the step's own plan verified nothing, and never spans an
   end-of-generation token, n_predict, a context shift, a sliding-window cache's re-import
   (seq_cells.keep_window_ordered: positions stay within the window after the sequence's
-  lowest cell) or a layout that needs padding rows; our output layer is never armed in
-  it (such steps take the engine's path). A Rest's schedule is read off a copy of it
+  lowest cell) or a layout that needs padding rows. A decode our output layer would take
+  (`Hook.wants`) takes it in the run too: armed, its kept rows checked as `Hook.fill`
+  checks them (one per sequence, each at its sequence's position; else the run fails
+  there), its kernel's argmax; only where llama.cpp's rows come in batch order
+  (`_rows_in_order`), else no run. A Rest's schedule is read off a copy of it
   stepped through the run (`_schedule`): the steps' decisions are the Rest's own, up to
   the copy's estimates of a decode's and a look's time.
 - `StepOutput.decodes` says how many decodes a folded output covers (counters of
@@ -43,6 +46,7 @@ import numpy as np
 from ..llama.backend import _llama
 from ..llama.context import Context
 from ..llama.kernels import build
+from ..llama.kernels.head import output_order
 from ..speculative import native
 from ..speculative.cost import MAX_DRAFT, Shape
 from ..speculative.drafters import seq_row as R
@@ -61,7 +65,12 @@ class _Run(C.Structure):
                 ("eog", _P), ("propose", _P), ("table", _P), ("resets", C.c_int64),
                 ("max_ns", C.c_int64), ("shift", C.c_int32), ("n_vocab", C.c_int32),
                 ("n_seqs", C.c_int32), ("max_steps", C.c_int32), ("n_steps", C.c_int32),
-                ("why", C.c_int32), ("rc", C.c_int32), ("pad_", C.c_int32)]
+                ("why", C.c_int32), ("rc", C.c_int32), ("pad_", C.c_int32),
+                ("head", _P), ("head_w", _P), ("head_rows", _P), ("head_idx", _P),
+                ("head_out", _P), ("head_ff", _P), ("head_best", _P), ("hook_stop", _P),
+                ("hook_n_rows", _P), ("hook_overflow", _P), ("row_pos", _P),
+                ("head_vocab", C.c_int64), ("head_embd", C.c_int64),
+                ("head_threads", C.c_int32), ("pad2_", C.c_int32)]
 
 
 class _Seq(C.Structure):
@@ -75,6 +84,9 @@ class _Seq(C.Structure):
 
 
 WHY = ("steps", "eog", "time", "look", "failed")  # fold.c's NGS_FOLD_*
+FAILED = {-1: "llama.cpp handed out no logit row",  # fold.c's ngs_fold_decode's own codes
+          -2: "the output layer's rows are not one per sequence at its position",
+          -3: "the output layer could not allocate its quantized columns"}
 NONE, WATCH, ALL = range(3)  # a step's look (fold.c NGS_LOOK_*)
 
 
@@ -100,7 +112,8 @@ def layout(lib) -> list[int]:
 
 def mirrored() -> list[int]:
     """The same, of fold.py's ctypes mirrors."""
-    return [C.sizeof(_Run), _Run.rc.offset, C.sizeof(_Seq), _Seq.n_hist.offset, _Seq.resume.offset]
+    return [C.sizeof(_Run), _Run.head_threads.offset, C.sizeof(_Seq), _Seq.n_hist.offset,
+            _Seq.resume.offset]
 
 
 def _address(fn) -> int:
@@ -145,10 +158,35 @@ class Fold:
         self._eog = np.ascontiguousarray(model._eog, dtype=np.uint8)  # 1: ends generation
         self.run_.eog = self._eog.ctypes.data
         self._tokens_at: dict[int, tuple[np.ndarray, int]] = {}  # seq id: (buffer, address)
+        self._head_fn = self._wire_head(ctx.head)  # our output layer's kernel, or None
         self.look_s = 10e-6  # a look's seconds, as a Rest's copy prices it (`_schedule`)
         self.horizon = MAX_STEPS  # steps a run may make: twice the last run's, 8 to MAX_STEPS
         self.n_runs = 0
         self.n_folded = 0  # steps made in runs
+
+    def _wire_head(self, head) -> int | None:
+        """Our output layer's kernel and the hook's fields for fold.c (their addresses, taken
+        once), or None without a verified layer (every run then reads llama.cpp's rows)."""
+        if head is None or head.weight is None:
+            return None
+        r, hook, base = self.run_, head.hook, C.addressof(head.hook)
+        r.head_w, r.head_vocab = head.weight
+        r.head_rows, r.head_idx, r.head_out, r.head_best = head._addr[0], *head._addr[1:]
+        r.head_ff, r.head_embd, r.head_threads = head.from_float, head.n_embd, head.n_threads
+        r.hook_stop, r.hook_n_rows = base + type(hook).stop.offset, base + type(hook).n_rows.offset
+        r.hook_overflow, r.row_pos = base + type(hook).overflow.offset, hook.row_pos
+        return _address(head.lib.ngs_q8_0_head)
+
+    def _arm(self, n: int) -> bool:
+        """Whether a run of n sequences takes our output layer (as Context.run_rows would:
+        `Hook.wants`), its kernel's arguments set: rows j = sequence j, no logits."""
+        head = self.ctx.head
+        mine = head is not None and self._head_fn is not None and head.wants(n)
+        self.run_.head = self._head_fn if mine else None
+        if mine:
+            head._idx[:n] = np.arange(n)
+            head._ptrs[:n] = 0
+        return mine
 
     @classmethod
     def of(cls, ctx: Context, model, draft_drafter=None) -> "Fold | None":
@@ -162,17 +200,17 @@ class Fold:
             return None
         fold = cls(lib, ctx, model)
         head = ctx.head
-        if head is not None and head.one_row and head.one_row_same and not head.one_row_folded:
+        if head is not None and head.one_row_same and not head.one_row_folded:
             fold._claim_one_row(head)
         return fold
 
     def _claim_one_row(self, head, steps: int = 6, reps: int = 2) -> None:
         """Where our output layer took one-row decodes by its start-up timing (decode and
         argmax through the engine's path) while llama.cpp's rows are bit-identical, time
-        `steps` one-row steps each way again, ours through that path and llama.cpp's as a
-        folded run, alternating `reps` times on sequence 0 (emptied before and after; an
-        engine starts with no slot cache): one-row decodes go to the faster (medians).
-        head.one_row_ms then holds these timings. Once per context."""
+        `steps` one-row steps each way again as folded runs, ours and llama.cpp's,
+        alternating `reps` times on sequence 0 (emptied before and after; an engine starts
+        with no slot cache): one-row decodes go to the faster (medians). head.one_row_ms
+        then holds these timings. Once per context."""
         ctx, times = self.ctx, {True: [], False: []}
         scratch = np.zeros(steps + 1, np.int32)
         token = int(self.model.n_vocab // 3)
@@ -180,30 +218,30 @@ class Fold:
             for mine in (True, False):
                 ctx.truncate(0, 0)
                 head.one_row = mine
-                t0, made, tok = time.perf_counter(), steps, token
-                if mine:
-                    for i in range(steps):
-                        tok = ctx.argmax_at(ctx.run_rows([(0, [tok], i, True)], {}, None, True)[0][0])
-                else:
-                    made = self._scratch_run(scratch, token, steps)
+                t0 = time.perf_counter()
+                made = self._scratch_run(scratch, token, steps)
                 times[mine].append((time.perf_counter() - t0) / max(made, 1) * 1e3)
         ctx.truncate(0, 0)
+        head.forget()
         ours, theirs = (float(np.median(times[m])) for m in (True, False))
         head.one_row_ms, head.one_row, head.one_row_folded = (ours, theirs), ours <= theirs, True
 
     def _scratch_run(self, scratch: np.ndarray, token: int, steps: int) -> int:
         """A folded run of up to `steps` steps of sequence 0 from position 0
-        (`_claim_one_row`); the steps it made."""
+        (`_claim_one_row`), through our output layer where it takes one row; the steps
+        it made."""
         r, q = self.run_, self.seqs[0]
         r.n_seqs, r.max_steps = 1, steps
-        q.tokens, q.n_hist, q.seq_id, q.sampled, q.watch = scratch.ctypes.data, 0, 0, token, None
+        self._arm(1)
+        q.tokens, q.n_hist, q.seq_id, q.sampled, q.look = scratch.ctypes.data, 0, 0, token, None
         return self.lib.ngs_fold_steps(*self._args)
 
     def steps(self, engine, active: Sequence) -> int:
         """How many steps a run may make for the generating sequences `active` (ascending
         ids) whose plan for this step proposed nothing; 0: none (module docstring)."""
         ctx = self.ctx
-        if ctx.head is not None and ctx.head.wants(len(active)):
+        if ctx.head is not None and ctx.head.wants(len(active)) and (
+                self._head_fn is None or not self._rows_in_order(active)):
             return 0
         steps = self.horizon
         for st in active:
@@ -228,6 +266,14 @@ class Fold:
             if steps < 2:
                 return 0
         return steps
+
+    def _rows_in_order(self, active: Sequence) -> bool:
+        """Whether llama.cpp's output rows of a step of `active` (one token each) come in
+        batch order (head.output_order), as fold.c gives row j to sequence j."""
+        n, ctx = len(active), self.ctx
+        order = output_order(tuple((st.seq_id, 1) for st in active), (True,) * n,
+                             ctx.n_ubatch, ctx.per_seq_streams)
+        return order == tuple(range(n))
 
     def _schedule(self, engine, st, j: int, steps: int, decode_s: float) -> int:
         """Sequence `st`'s row j of the run: what each step's plan asks (`Speculation.plan`:
@@ -296,13 +342,17 @@ class Fold:
             q.n_watch = q.n_all = 0
         if ctx.head is not None:
             ctx.head.forget()
+        mine = self._arm(len(active))
         k = self.lib.ngs_fold_steps(*self._args)
         ctx.kernels.check()
         if WHY[r.why] == "failed":  # a decode with no rows to read may have written its cells
             for j, st in enumerate(active):
                 ctx.truncate(st.seq_id, self.seqs[j].n_hist)
         if k == 0 and WHY[r.why] == "failed":
-            raise RuntimeError(f"llama_decode failed with code {r.rc} (batch of {len(active)} tokens)")
+            raise RuntimeError(FAILED.get(r.rc, f"llama_decode failed with code {r.rc}")
+                               + f" (batch of {len(active)} tokens)")
+        if mine and k:  # the last decode's logits: computed if anything reads them (materialize)
+            ctx.head.kept(len(active))
         seconds = (self.compute[:k] * 1e-9).tolist()
         ctx.compute_s = sum(seconds)
         self.n_runs += 1

@@ -186,6 +186,11 @@ class Hook:
             self._lazy = None
             self._compute(which, self._buffers(ctx, batch))
 
+    def kept(self, n: int) -> None:
+        """After a folded run through this layer (engine/fold.py) of n rows, row j for batch
+        index j: its logits, unwritten, are computed if anything reads them (`materialize`)."""
+        self._lazy, self.tops = (list(range(n)), list(range(n))), {}
+
     def forget(self) -> None:
         """A new decode begins: the last one's argmaxes and unwritten logits are gone."""
         self._lazy, self.tops, self.kernel_s = None, {}, 0.0

@@ -1,7 +1,8 @@
 /* A run of plain greedy generation steps in one call (ngramspec/engine/fold.py): per step,
  * one row per sequence (its last sampled token at its next position, a logit row), one
- * llama_decode, llama_synchronize, each row's argmax taken from llama.cpp's logits, the
- * token appended to the sequence's history. Between steps, a speculating sequence's plan
+ * llama_decode, llama_synchronize, each row's argmax taken from llama.cpp's logits, or
+ * from our output layer's kernel where the engine's decode would take it (q8_head.c, with
+ * the position check Hook.fill makes), the token appended to the sequence's history. Between steps, a speculating sequence's plan
  * asks its drafters (drafting.c `ngs_propose`: every drafter, or a resting sequence's
  * watcher alone) where the caller's schedule says it would; the run stops before the step
  * whose drafters find a draft (or need Python), after a step that sampled an end-of-generation token, after max_steps
@@ -33,6 +34,9 @@ typedef struct {  /* llama.h's llama_batch (fold.py checks the field offsets) */
 typedef int32_t (*ngs_decode_fn)(void *ctx, ngs_batch batch);
 typedef void (*ngs_sync_fn)(void *ctx);
 typedef float *(*ngs_row_fn)(void *ctx, int32_t i);
+typedef int (*ngs_head_fn)(const void *w, int64_t n_vocab, int64_t n_embd, const float *rows,
+                           int64_t stride, const int32_t *which, int k, float **out, int nth,
+                           const void *from_float, int64_t *argmax);
 typedef int (*ngs_propose_fn)(uint64_t *table, int shift, int64_t resets, const int32_t *hist,
                               int64_t L, int32_t last, int max_len, int min_len, int first_only,
                               int n_d, int from, const int64_t *params, uint64_t *const *states,
@@ -59,6 +63,24 @@ typedef struct {
     int32_t why;            /* out: NGS_FOLD_* */
     int32_t rc;             /* out: llama_decode's code where why is NGS_FOLD_FAILED */
     int32_t pad_;
+    /* our output layer (llama/kernels/head.py; head NULL: llama.cpp's rows): the decode is
+     * armed (its graph ends at result_norm, the eval callback keeping each row and its
+     * position in the hook), then q8_head.c's kernel takes each kept row's argmax */
+    ngs_head_fn head;
+    const void *head_w;     /* the output weight (Q8_0), head_vocab rows of head_embd */
+    const float *head_rows; /* the hook's kept rows */
+    const int32_t *head_idx;/* 0 .. n_seqs-1: row j is sequence j's (fold.py checks the order) */
+    float **head_out;       /* n_seqs NULLs: no logits written */
+    const void *head_ff;    /* ggml's Q8_0 from_float */
+    int64_t *head_best;     /* [n_seqs]: the argmaxes */
+    int32_t *hook_stop;     /* the hook's fields the decode arms and the rows are checked by */
+    int64_t *hook_n_rows;
+    int32_t *hook_overflow;
+    const int32_t *row_pos;
+    int64_t head_vocab;
+    int64_t head_embd;
+    int32_t head_threads;
+    int32_t pad2_;
 } ngs_fold;
 
 /* One sequence of the run; sampled, n_hist, the counts and emitted are written. */
@@ -93,6 +115,7 @@ typedef struct {
 enum { NGS_LOOK_NONE, NGS_LOOK_WATCH, NGS_LOOK_ALL };
 
 enum { NGS_FOLD_STEPS, NGS_FOLD_EOG, NGS_FOLD_TIME, NGS_FOLD_LOOK, NGS_FOLD_FAILED };
+#define NGS_FOLD_MAX_SEQS 256  /* sequences of one run (fold.py: Fold.of) */
 
 static int64_t ngs_now(void) {
     struct timespec t;
@@ -212,20 +235,39 @@ static int ngs_fold_looks(const ngs_fold *f, ngs_fold_seq *seqs, int s) {
     return 0;
 }
 
-/* One step's decode: the rows written, decoded, synchronized; its compute time. Returns
- * llama_decode's code. */
-static int32_t ngs_fold_decode(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
+/* One step's decode: the rows written, decoded (armed where our output layer takes it),
+ * synchronized; its compute time (our layer's kernel included, as Context.run_rows
+ * counts it). Returns llama_decode's code, or where a row cannot be read: -1 (llama.cpp
+ * handed out no row), -2 (our layer kept other rows than one per sequence at its
+ * position: Hook.fill's check), -3 (our layer's kernel could not allocate). Each
+ * sequence's argmax goes to toks[j]. */
+static int32_t ngs_fold_decode(ngs_fold *f, ngs_fold_seq *seqs, ngs_argmax_fn argmax,
+                               int32_t *toks, int64_t *compute_ns) {
     ngs_batch *b = f->batch;
-    for (int j = 0; j < f->n_seqs; ++j) {
+    const int n = f->n_seqs;
+    for (int j = 0; j < n; ++j) {
         b->token[j] = seqs[j].sampled;
         b->pos[j] = (int32_t)seqs[j].n_hist;
         b->seq_id[j][0] = seqs[j].seq_id;
         b->logits[j] = 1;
     }
-    b->n_tokens = f->n_seqs;
+    b->n_tokens = n;
+    if (f->head) { *f->hook_stop = 1; *f->hook_n_rows = 0; *f->hook_overflow = 0; }
     const int64_t t0 = ngs_now();
-    const int32_t rc = f->decode(f->ctx, *b);
+    int32_t rc = f->decode(f->ctx, *b);
     if (rc == 0) f->sync(f->ctx);
+    if (f->head) {
+        *f->hook_stop = 0;
+        if (rc == 0 && (*f->hook_overflow || *f->hook_n_rows != n)) rc = -2;
+        for (int j = 0; rc == 0 && j < n; ++j) if (f->row_pos[j] != b->pos[j]) rc = -2;
+        if (rc == 0 && f->head(f->head_w, f->head_vocab, f->head_embd, f->head_rows,
+                               f->head_embd, f->head_idx, n, f->head_out, f->head_threads,
+                               f->head_ff, f->head_best) != 0) rc = -3;
+        for (int j = 0; rc == 0 && j < n; ++j) toks[j] = (int32_t)f->head_best[j];
+    } else if (rc == 0) {
+        for (int j = 0; j < n; ++j) if (!f->row(f->ctx, j)) rc = -1;
+        for (int j = 0; rc == 0 && j < n; ++j) toks[j] = argmax(f->row(f->ctx, j), f->n_vocab);
+    }
     *compute_ns = ngs_now() - t0;
     return rc;
 }
@@ -234,6 +276,8 @@ static int32_t ngs_fold_decode(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute
  * llama_synchronize. Returns the steps made (also in f->n_steps). */
 int ngs_fold_steps(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
     const ngs_argmax_fn argmax = ngs_argmax_pick();
+    int32_t toks[NGS_FOLD_MAX_SEQS];
+    if (f->n_seqs > NGS_FOLD_MAX_SEQS) { f->why = NGS_FOLD_FAILED; f->rc = -1; f->n_steps = 0; return 0; }
     const int64_t start = ngs_now();
     int s = 0;
     f->why = NGS_FOLD_STEPS;
@@ -244,13 +288,11 @@ int ngs_fold_steps(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
     for (; s < f->max_steps; ++s) {
         int stop = s > 0 && f->propose && ngs_fold_looks(f, seqs, s);
         if (stop) { f->why = NGS_FOLD_LOOK; break; }
-        f->rc = ngs_fold_decode(f, seqs, compute_ns + s);
-        if (f->rc != 0) { f->why = NGS_FOLD_FAILED; break; }
-        for (int j = 0; j < f->n_seqs; ++j) if (!f->row(f->ctx, j)) f->rc = -1;
+        f->rc = ngs_fold_decode(f, seqs, argmax, toks, compute_ns + s);
         if (f->rc != 0) { f->why = NGS_FOLD_FAILED; break; }  /* the caller drops this step's KV */
         for (int j = 0; j < f->n_seqs; ++j) {
             ngs_fold_seq *q = seqs + j;
-            const int32_t tok = argmax(f->row(f->ctx, j), f->n_vocab);
+            const int32_t tok = toks[j];
             q->tokens[q->n_hist++] = q->sampled;
             q->sampled = tok;
             q->emitted[s] = tok;
@@ -266,7 +308,7 @@ int ngs_fold_steps(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
 /* The layout fold.py's ctypes mirrors must have: sizes and the last fields' offsets. */
 void ngs_fold_layout(int64_t *out) {
     out[0] = (int64_t)sizeof(ngs_fold);
-    out[1] = (int64_t)offsetof(ngs_fold, rc);
+    out[1] = (int64_t)offsetof(ngs_fold, head_threads);
     out[2] = (int64_t)sizeof(ngs_fold_seq);
     out[3] = (int64_t)offsetof(ngs_fold_seq, n_hist);
     out[4] = (int64_t)offsetof(ngs_fold_seq, resume);
