@@ -118,6 +118,35 @@ def test_folded_steps_equal_engine_steps_at_one_and_two_slots(fast, one_row):
             head.one_row = False
 
 
+def test_a_run_whose_kept_rows_are_not_the_sequences_fails_before_any_token(fast, monkeypatch):
+    """fold.c checks our output layer's kept rows as Hook.fill does: rows read at other
+    positions than the sequences' (here: the check reads a buffer of zeros) end the run
+    at its first step with no token taken, the step's cells dropped, and the engine's
+    step raises as a decode that failed does."""
+    head = fast.ctx.head
+    if head is None or fast.fold._head_fn is None:
+        pytest.skip("our output layer is off here")
+    zeros = np.zeros(16, np.int32)
+    monkeypatch.setattr(fast.fold.run_, "row_pos", zeros.ctypes.data)
+    prompts = [(FIXTURES / "story.txt").read_text()[:600], (FIXTURES / "refactor.txt").read_text()[:600]]
+    fast.ctx.clear()
+    sts = [fast.start(i, Request(prompt=fast.model.tokenize(p), sampling=GREEDY, n_predict=20,
+                                 cache_prompt=False)) for i, p in enumerate(prompts)]
+    try:
+        for st in sts:
+            while fast.prefill(st) is None:
+                pass
+        hist = [st.n_hist for st in sts]
+        with pytest.raises(RuntimeError, match="output layer's rows"):
+            fast.step(sts)
+        assert [st.n_hist for st in sts] == hist
+        assert [fast.ctx.positions(st.seq_id)[1] for st in sts] == [h - 1 for h in hist]
+    finally:
+        fast.fold._wire_head(head)
+        for st in sts:
+            fast.finish(st)
+
+
 def test_a_run_stops_at_an_end_of_generation_token(fast, monkeypatch):
     """An end-of-generation token sampled inside a run ends it there: the same tokens,
     finish reason, history and KV as step by step."""
@@ -144,7 +173,7 @@ def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, thre
     (and resumed there, not asked again: ngram-map-k counts hits per call). auto is made
     deterministic: its Rests kept resting (watching every step) or active, every plan
     declined; the fixed types are deterministic as they are. "-2": two slots side by side
-    (our output layer off, so that their two-row decodes fold)."""
+    (their two-row decodes folded through our output layer where it is on)."""
     from ngramspec.engine.runtime import load_engine
     from ngramspec.settings.engine import EngineSettings
     from ngramspec.speculative import policy as P
@@ -152,8 +181,6 @@ def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, thre
 
     slots = 2 if case.endswith("-2") else 1
     case = case.removesuffix("-2")
-    if slots > 1:
-        monkeypatch.setenv("NGRAMSPEC_OWN_HEAD", "0")
     spec = SpecConfig(types=(case.split("-")[0] if case.startswith("auto") else case,),
                       policy="cost" if case.startswith("auto") else "fixed")
     if case.startswith("auto"):

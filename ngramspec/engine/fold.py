@@ -205,8 +205,8 @@ class Fold:
         return fold
 
     def _claim_one_row(self, head, steps: int = 6, reps: int = 2) -> None:
-        """Where our output layer took one-row decodes by its start-up timing (decode and
-        argmax through the engine's path) while llama.cpp's rows are bit-identical, time
+        """Where llama.cpp's one-row logits are our output layer's bit for bit (start-up
+        chose between the two through the engine's path: decode, then argmax), time
         `steps` one-row steps each way again as folded runs, ours and llama.cpp's,
         alternating `reps` times on sequence 0 (emptied before and after; an engine starts
         with no slot cache): one-row decodes go to the faster (medians). head.one_row_ms
