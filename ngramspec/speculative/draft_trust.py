@@ -35,9 +35,10 @@ tokens' sums too), so a bucket that stopped drafting returns towards trust 1 wit
 few dozen decodes, and towards shrink 1 as its evidence fades below the prior's
 (half-life ~35 decodes), and measures again: a shrink that only drafted decodes
 decayed held a bucket whose drafts had run high at 0.58 for as long as it declined (the
-summarize fixture, 4-block model: 100 steps without a draft while a copy went by). Records are opened by `decode` (once per generation decode) and
-filled by `sequence` (once per sequence of that decode, after it), as the engine
-calls the policy: observe_decode, then observe per sequence.
+summarize fixture, 4-block model: 100 steps without a draft while a copy went by).
+Records are opened by `decode` (once per generation decode) and filled by `sequence`
+(once per sequence of that decode, after it), as the engine calls the policy:
+observe_decode, then observe per sequence.
 """
 from __future__ import annotations
 

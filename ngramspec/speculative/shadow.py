@@ -7,12 +7,12 @@ its later positions. Where a copy goes on while the planner declines it (its
 statistics pessimistic after an early miss, or a short draft of another drafter
 preferred), the drafter keeps proposing the right continuation step after step, the
 statistics never see it, and the planner keeps declining: measured on the story
-fixture (the 4-block model, 1 slot), a 64-token copy of ngram-mod declined or drafted
-2 tokens at a time for 40 steps. So such a proposal becomes a *shadow*: recorded at
-once as a censored draft (the tokens it has matched, all accepted), then followed along
-the next steps' tokens, its record moved (`AcceptanceStats.revise`, at its own weight and
-age) as it matches more, until it misses (a draft of its length with that many accepted)
-or is matched whole.
+fixture (the 4-block model, 1 slot), a 64-token copy of ngram-mod declined, or drafted
+2 tokens at a time (another drafter's short draft preferred), for about 20 steps. So
+such a proposal becomes a *shadow*: recorded at once as a censored draft (the tokens it
+has matched, all accepted), then followed along the next steps' tokens, its record moved
+(`AcceptanceStats.revise`, at its own weight and age) as it matches more, until it
+misses (a draft of its length with that many accepted) or is matched whole.
 
 Invariants: at most one shadow per drafter and sequence; while it lasts, that drafter's
 later declined proposals are scored at their own step only, as before (censored at its
@@ -20,9 +20,10 @@ tokens), not followed; a draft the drafter commits ends its shadow where it stan
 verify scores the copy from there). Following only adds what a declined proposal was
 shown to be worth later: a scoring that instead followed each copy once for its whole
 length (one record per copy, not one per step) drafted less than censoring alone, in a
-simulation of the policy on the 4-block model's recorded streams. A shadow only moves statistics: emitted tokens never depend on it. The records
-move in the statistics they were made in (the sequence's and the global ones of the
-drafter and run state of the step that proposed it).
+simulation of the policy on the 4-block model's recorded streams. A shadow only moves
+statistics: emitted tokens never depend on it. The records move in the statistics they
+were made in (the sequence's and the global ones of the drafter and run state of the
+step that proposed it).
 """
 from __future__ import annotations
 

@@ -2,10 +2,11 @@
  * one row per sequence (its last sampled token at its next position, a logit row), one
  * llama_decode, llama_synchronize, each row's argmax taken from llama.cpp's logits, or
  * from our output layer's kernel where the engine's decode would take it (q8_head.c, with
- * the position check Hook.fill makes), the token appended to the sequence's history. Between steps, a speculating sequence's plan
- * asks its drafters (drafting.c `ngs_propose`: every drafter, or a resting sequence's
- * watcher alone) where the caller's schedule says it would; the run stops before the step
- * whose drafters find a draft (or need Python), after a step that sampled an end-of-generation token, after max_steps
+ * the position check Hook.fill makes), the token appended to the sequence's history.
+ * Between steps, a speculating sequence's plan asks its drafters (drafting.c
+ * `ngs_propose`: every drafter, or a resting sequence's watcher alone) where the caller's
+ * schedule says it would; the run stops before the step whose drafters find a draft (or
+ * need Python), after a step that sampled an end-of-generation token, after max_steps
  * steps, once max_ns nanoseconds have passed, or at a failed decode.
  *
  * Why in C: a step made from Python pays ~4 us to enter a C call, ~10 to come back and
@@ -277,7 +278,12 @@ static int32_t ngs_fold_decode(ngs_fold *f, ngs_fold_seq *seqs, ngs_argmax_fn ar
 int ngs_fold_steps(ngs_fold *f, ngs_fold_seq *seqs, int64_t *compute_ns) {
     const ngs_argmax_fn argmax = ngs_argmax_pick();
     int32_t toks[NGS_FOLD_MAX_SEQS];
-    if (f->n_seqs > NGS_FOLD_MAX_SEQS) { f->why = NGS_FOLD_FAILED; f->rc = -1; f->n_steps = 0; return 0; }
+    if (f->n_seqs > NGS_FOLD_MAX_SEQS) {
+        f->why = NGS_FOLD_FAILED;
+        f->rc = -1;
+        f->n_steps = 0;
+        return 0;
+    }
     const int64_t start = ngs_now();
     int s = 0;
     f->why = NGS_FOLD_STEPS;
