@@ -170,8 +170,13 @@ class Fold:
         if head is None or head.weight is None:
             return None
         r, hook, base = self.run_, head.hook, C.addressof(head.hook)
+        n = len(self.seqs)
+        self._rows_of = np.arange(n, dtype=np.int32)  # row j is sequence j's (`_rows_in_order`)
+        self._no_logits = np.zeros(n, np.uintp)  # no row's logits written
+        self._argmax = np.zeros(n, np.int64)
         r.head_w, r.head_vocab = head.weight
-        r.head_rows, r.head_idx, r.head_out, r.head_best = head._addr[0], *head._addr[1:]
+        r.head_rows, r.head_idx = head.rows.ctypes.data, self._rows_of.ctypes.data
+        r.head_out, r.head_best = self._no_logits.ctypes.data, self._argmax.ctypes.data
         r.head_ff, r.head_embd, r.head_threads = head.from_float, head.n_embd, head.n_threads
         r.hook_stop, r.hook_n_rows = base + type(hook).stop.offset, base + type(hook).n_rows.offset
         r.hook_overflow, r.row_pos = base + type(hook).overflow.offset, hook.row_pos
@@ -179,13 +184,10 @@ class Fold:
 
     def _arm(self, n: int) -> bool:
         """Whether a run of n sequences takes our output layer (as Context.run_rows would:
-        `Hook.wants`), its kernel's arguments set: rows j = sequence j, no logits."""
+        `Hook.wants`); fold.c's kernel pointer set accordingly."""
         head = self.ctx.head
         mine = head is not None and self._head_fn is not None and head.wants(n)
         self.run_.head = self._head_fn if mine else None
-        if mine:
-            head._idx[:n] = np.arange(n)
-            head._ptrs[:n] = 0
         return mine
 
     @classmethod

@@ -116,7 +116,7 @@ typedef struct {
 enum { NGS_LOOK_NONE, NGS_LOOK_WATCH, NGS_LOOK_ALL };
 
 enum { NGS_FOLD_STEPS, NGS_FOLD_EOG, NGS_FOLD_TIME, NGS_FOLD_LOOK, NGS_FOLD_FAILED };
-#define NGS_FOLD_MAX_SEQS 256  /* sequences of one run (fold.py: Fold.of) */
+#define NGS_FOLD_MAX_SEQS 256  /* sequences of one run: llama.cpp's LLAMA_MAX_SEQ */
 
 static int64_t ngs_now(void) {
     struct timespec t;
