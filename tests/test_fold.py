@@ -227,3 +227,54 @@ def test_the_drafters_looks_in_a_run_are_the_engines(case, fast_model_path, thre
     assert eng.fold.n_folded > 20
     assert "look" in {w for w, _ in runs}  # a draft found in C ended a run before its step
     assert sum(n for _, n in runs) > 10  # and the looks in C found nothing elsewhere
+
+
+def test_a_runs_looks_are_what_each_rest_decides_at_two_slots(fast_model_path, threads,
+                                                              monkeypatch):
+    """The looks a run schedules (`Fold._schedule`: each sequence's Rest copied and stepped
+    through the run's decodes) are what the sequence's own Rest decides at each of those
+    steps as the run's decodes are replayed into it, at two slots too, where a declined
+    period step waits for the decline gap (rest.py: crowded decodes); a copy stepped as
+    if alone looked at steps its Rest rested in, each look that found a draft ending the
+    run for nothing. Deterministic: every plan declined, the period fixed."""
+    from ngramspec.engine.runtime import load_engine
+    from ngramspec.settings.engine import EngineSettings
+    from ngramspec.speculative import policy as P
+    from ngramspec.speculative.rest import Rest
+
+    plan = P.CostPolicy.plan
+    monkeypatch.setattr(P.CostPolicy, "plan",  # declined, as seen by the Rests (`proposed`)
+                        lambda self, options, *a: [0 for _ in plan(self, options, *a)])
+    monkeypatch.setattr(Rest, "period", lambda self: 3)
+    eng = load_engine(EngineSettings(model=fast_model_path, threads=threads, n_ctx=8192,
+                                     n_seq=2, spec=SpecConfig(types=("auto",), policy="cost")))
+    if eng.fold is None:
+        pytest.skip("no folded steps on this build")
+    checked, orig = [], F.Fold._replay
+
+    def replay(self, engine, active, hist0, seconds, toks, observed):
+        policy, step = engine.policy, [0]
+        observe = policy.observe_decode
+
+        def observed_decode(shapes, sec):
+            s = step[0]
+            for j, st in enumerate(active):
+                rest, watch = policy.rest_of(st.seq_id), st.speculation.chain._watch
+                want = (F.ALL if rest.active else
+                        F.WATCH if rest.watching and watch is not None else F.NONE)
+                if s > 0:
+                    checked.append((int(self.look[j, s]), want))
+            step[0] += 1
+            observe(shapes, sec)
+
+        policy.observe_decode = observed_decode
+        try:
+            return orig(self, engine, active, hist0, seconds, toks, observed)
+        finally:
+            del policy.observe_decode
+
+    monkeypatch.setattr(F.Fold, "_replay", replay)
+    prompts = [(FIXTURES / "refactor.txt").read_text(), (FIXTURES / "story.txt").read_text()]
+    _generate(eng, prompts, 200, fold=True)
+    assert len(checked) > 100 and {w for _, w in checked} >= {F.NONE, F.ALL}
+    assert [g for g, _ in checked] == [w for _, w in checked]

@@ -124,6 +124,44 @@ def test_declined_proposals_rest_a_sequence_whose_drafts_paid_for_a_doubling_gap
     assert rest.active and rest._decline_gap == 0
 
 
+def test_declined_period_steps_among_other_sequences_wait_for_the_doubling_gap():
+    """A resting sequence's period steps (its sampled active steps) whose proposals the
+    planner declines, in decodes that hold other sequences too, wait max(period, the
+    doubling gap) before the next: at 4 slots of the 4-block model (a lone draft costs an
+    ubatch) they were most of auto's proposals, nearly all declined (83-92 of ~120-130
+    plans in 8 documents; 43-45 with the wait). Alone in its decodes a sequence keeps its
+    period; a verified draft ends the wait."""
+    def period_steps(declined: bool, crowded: bool) -> list[int]:
+        rest = Rest()
+        steps = []
+        for i in range(600):  # proposals that never pay: the policy rests
+            if rest.active and i >= Rest.WARMUP:
+                steps.append(i)
+                if declined:
+                    rest.proposed()
+            rest.spent(0.0004 if rest.active else 0.0)
+            rest.decode(PLAIN, PLAIN, 1, False, crowded)
+        return steps
+
+    plain = period_steps(False, True)
+    period = max(b - a for a, b in zip(plain[-5:], plain[-4:]))
+    crowded = period_steps(True, True)
+    gaps = [b - a for a, b in zip(crowded, crowded[1:])]
+    assert max(gaps) == Rest.MAX_DECLINE_GAP + 1 > period  # rests of up to the gap
+    assert len(crowded) < len(plain) == len(period_steps(True, False))
+    rest = Rest()
+    for _ in range(300):
+        if rest.active:
+            rest.proposed()
+        rest.decode(PLAIN, PLAIN, 1, False, True)
+    gap = rest._decline_gap
+    while not rest.active:
+        rest.decode(PLAIN, PLAIN, 1, False, True)
+    rest.proposed()
+    rest.decode(PLAIN, PLAIN * 1.2, 1, True, True)
+    assert gap > 0 and rest._decline_gap == 0
+
+
 def test_the_policies_count_rested_steps():
     from ngramspec.speculative.cost import DecodeCost, Shape
     from ngramspec.speculative.policy import CostPolicy, FixedPolicy

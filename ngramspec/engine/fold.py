@@ -35,7 +35,6 @@ Invariants:
 """
 from __future__ import annotations
 
-import copy
 import ctypes as C
 import os
 import time
@@ -264,7 +263,7 @@ class Fold:
             return 0
         decode_s = ctx.compute_s / len(active)
         for j, st in enumerate(active):
-            steps = min(steps, self._schedule(engine, st, j, steps, decode_s))
+            steps = min(steps, self._schedule(engine, st, j, steps, decode_s, len(active) > 1))
             if steps < 2:
                 return 0
         return steps
@@ -277,12 +276,13 @@ class Fold:
                              ctx.n_ubatch, ctx.per_seq_streams)
         return order == tuple(range(n))
 
-    def _schedule(self, engine, st, j: int, steps: int, decode_s: float) -> int:
+    def _schedule(self, engine, st, j: int, steps: int, decode_s: float, crowded: bool) -> int:
         """Sequence `st`'s row j of the run: what each step's plan asks (`Speculation.plan`:
         every drafter where its policy has no Rest or its Rest is active, the chain's
         watcher where it rests and watches, else nothing), read off a copy of its Rest
-        stepped through the run's decodes (each priced at `decode_s`, each look at the
-        mean look so far); and the steps it allows (fewer where a look needs Python)."""
+        stepped through the run's decodes (each priced at `decode_s`, crowded where the run
+        has several sequences, each look at the mean look so far); and the steps it allows
+        (fewer where a look needs Python)."""
         q, sp = self.seqs[j], st.speculation
         q.look = None
         if sp is None:
@@ -291,24 +291,22 @@ class Fold:
             return 0
         chain, look = sp.chain, self.look[j]
         rest = engine.policy.rest_of(st.seq_id)
-        look[:steps] = ALL
-        look[0] = NONE
+        codes = [NONE] + [ALL] * (steps - 1)
         if rest is not None:
-            sim = copy.copy(rest)
-            for s in range(1, steps):
-                sim.decode(0.0, decode_s, 1, False)
-                look[s] = ALL if sim.active else WATCH if sim.watching else NONE
+            sim, watch = rest.clone(), WATCH if chain._watch is not None else NONE
+            for s in range(1, steps):  # no watcher: the watch asks nothing
+                sim.decode(0.0, decode_s, 1, False, crowded)
+                codes[s] = ALL if sim.active else watch if sim.watching else NONE
                 if sim.active:
                     sim.spent(self.look_s)
-        if chain._watch is None:
-            look[look == WATCH] = NONE  # no watcher: the watch asks nothing
-        asks = np.flatnonzero(look[:steps])
-        if not len(asks):
+        look[:steps] = codes
+        first = next((s for s, c in enumerate(codes) if c != NONE), None)
+        if first is None:
             return steps
         nat = chain._native.get(st.seq_id)
         kinds = None if nat is None else nat.params[:, R.KIND]
         if nat is None or self.run_.propose is None or (kinds == R.PY).any():
-            return int(asks[0])  # its first look needs Python
+            return first  # its first look needs Python
         q.look = self._look_at[j]
         q.params, q.states, q.out, q.lens, q.starts, q.filled = (a.value for a in nat._args)
         q.out_stride, q.w, q.n_d = nat.stride, chain._watch or 0, len(kinds)
@@ -376,12 +374,13 @@ class Fold:
         (`observed`: as Engine._timed_decode would), the first step's proposals (it had
         some where the planner declined them all) scored on its token."""
         policy = engine.policy
-        alls = [self.look[j, :len(seconds)] == ALL for j in range(len(active))]
+        k, n = len(seconds), len(active)
+        looked = (np.where(self.look[:n, :k] == ALL, self.look_ns[:n, :k], 0) * 1e-9).tolist()
         rests = [policy.rest_of(st.seq_id) for st in active]
         for s, sec in enumerate(seconds):
-            for j, rest in enumerate(rests):
-                if rest is not None and alls[j][s] and self.look_ns[j, s]:
-                    rest.spent(self.look_ns[j, s] * 1e-9)
+            for rest, spent in zip(rests, looked):
+                if rest is not None and spent[s]:
+                    rest.spent(spent[s])
             if observed:
                 policy.observe_decode(
                     [Shape(st.seq_id, 1, 1, h + s) for st, h in zip(active, hist0)], sec)

@@ -30,11 +30,16 @@ of its own (per-sequence KV streams split decodes into equal ubatches), so the p
 declined 605 of 617 wakes of the 4-block model at 4 slots, each paying its proposal, its
 plan and its scoring (~100 us in-run) for nothing. The same holds for an active step: one
 whose proposals the planner declines (`proposed`, and no draft of them verified) makes
-the sequence rest 1, 2, 4, ... steps (up to MAX_DECLINE_GAP; the period's active steps
-still come) before its next active one, whatever its sums say, and a drafted one ends
-that (`_backoff`, the wake's rule too): at 8 slots of the 4-block model a
-sequence whose copy had paid kept proposing for dozens of steps after it, the planner
-declining nearly all of them (a verify row there costs what a plain row does).
+the sequence rest 1, 2, 4, ... steps (up to MAX_DECLINE_GAP) before its next active one,
+whatever its sums say, and a drafted one ends that (`_backoff`, the wake's rule too): at
+8 slots of the 4-block model a sequence whose copy had paid kept proposing for dozens of
+steps after it, the planner declining nearly all of them (a verify row there costs what
+a plain row does). Where the decode holds other sequences too, a resting sequence's period
+step waits for that gap as well (the longer of the two): at 4 slots of the 4-block model
+period steps were ~70% of auto's proposals, nearly all declined (a lone draft there costs
+an ubatch). Alone in its decodes it does not: there a declined proposal says only that
+this draft did not pay, and the period's steps find copies the watch does not see (the
+policy simulator, 1 slot: 1.307 -> 1.295 with the wait).
 
 Each sequence id (a slot) has a Rest of its own (`Rests`): at several slots a sequence that
 copies its input keeps drafting while the others rest, and a resting sequence that follows
@@ -66,7 +71,7 @@ class Rest:
     __slots__ = ("_decay", "host", "saved", "decode_s", "n_active", "n_rested", "active",
                  "_since", "_open", "_accepted", "_step_host", "_trial", "_gap", "_wait",
                  "_whole", "_woken", "_wake_gap", "_since_wake", "_proposed", "_decline_gap",
-                 "_since_decline")  # a step reads them per slot
+                 "_since_decline", "_crowded")  # a step reads them per slot
     HALF_LIFE = 32.0  # steps
     WARMUP = 16  # active steps measured before the policy may rest
     SHARE = 0.01  # of the decode time, the most resting's active steps may cost
@@ -98,6 +103,15 @@ class Rest:
         self._proposed = False  # the planner was given this sequence's proposals this step
         self._decline_gap = 0  # steps an active sequence rests after a declined step (doubled)
         self._since_decline = 0  # steps since the last active step the planner declined
+        self._crowded = False  # the last decode held other sequences' rows too (`decode`)
+
+    def clone(self) -> "Rest":
+        """An independent copy (`Fold._schedule` steps one through a run): its slots one by
+        one, without copy.copy's reduce protocol (~30 us on the cold cache after a decode)."""
+        new = object.__new__(Rest)
+        for name in Rest.__slots__:
+            setattr(new, name, getattr(self, name))
+        return new
 
     @property
     def watching(self) -> bool:
@@ -126,10 +140,13 @@ class Rest:
         next: its proposals and plan, the scoring of the step before, its observe_decode)."""
         self._step_host += seconds
 
-    def decode(self, plain_s: float, measured_s: float, n_seqs: int, drafted: bool) -> None:
+    def decode(self, plain_s: float, measured_s: float, n_seqs: int, drafted: bool,
+               crowded: bool = False) -> None:
         """A generation decode ended the current step (its plain version modelled at
-        plain_s); decide whether the next step proposes."""
+        plain_s; `crowded`: it held other sequences' rows too); decide whether the next
+        step proposes."""
         self._close()
+        self._crowded = crowded
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
@@ -188,8 +205,9 @@ class Rest:
         if (pays or self._trial > 0) and self._since_decline >= self._decline_gap:
             self.active, self._since = True, 0
             return
-        self._since += 1
-        self.active = self._since >= self.period()
+        self._since += 1  # the period's step; among other sequences not within the decline wait
+        self.active = self._since >= self.period() and (
+            not self._crowded or self._since_decline >= self._decline_gap)
         if self.active:
             self._since = 0
 
@@ -235,9 +253,9 @@ class Rests:
         total = sum(s.n_tokens for s in shapes) - n
         if not total:
             for r in rests:
-                r.decode(0.0, measured_s / n, 1, False)
+                r.decode(0.0, measured_s / n, 1, False, n > 1)
             return
         extra = measured_s - plain_s
         for r, s in zip(rests, shapes):
             k = s.n_tokens - 1
-            r.decode(plain_s / n, plain_s / n + extra * k / total, 1, k > 0)
+            r.decode(plain_s / n, plain_s / n + extra * k / total, 1, k > 0, n > 1)
