@@ -129,7 +129,7 @@ def test_declined_period_steps_among_other_sequences_wait_for_the_doubling_gap()
     planner declines, in decodes that hold other sequences too, wait max(period, the
     doubling gap) before the next: at 4 slots of the 4-block model (a lone draft costs an
     ubatch) they were most of auto's proposals, nearly all declined (83-92 of ~120-130
-    plans in 8 documents; 43-45 with the wait). Alone in its decodes a sequence keeps its
+    plans in 8 documents; 36-45 with the wait). Alone in its decodes a sequence keeps its
     period; a verified draft ends the wait."""
     def period_steps(declined: bool, crowded: bool) -> list[int]:
         rest = Rest()
