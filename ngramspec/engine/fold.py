@@ -293,8 +293,9 @@ class Fold:
         rest = engine.policy.rest_of(st.seq_id)
         codes = [NONE] + [ALL] * (steps - 1)
         if rest is not None:
-            sim, watch = rest.clone(), WATCH if chain._watch is not None else NONE
-            for s in range(1, steps):  # no watcher: the watch asks nothing
+            sim = rest.clone()
+            watch = WATCH if chain._watch is not None else NONE  # no watcher: it asks nothing
+            for s in range(1, steps):
                 sim.decode(0.0, decode_s, 1, False, crowded)
                 codes[s] = ALL if sim.active else watch if sim.watching else NONE
                 if sim.active:

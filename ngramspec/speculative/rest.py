@@ -71,7 +71,7 @@ class Rest:
     __slots__ = ("_decay", "host", "saved", "decode_s", "n_active", "n_rested", "active",
                  "_since", "_open", "_accepted", "_step_host", "_trial", "_gap", "_wait",
                  "_whole", "_woken", "_wake_gap", "_since_wake", "_proposed", "_decline_gap",
-                 "_since_decline", "_crowded")  # a step reads them per slot
+                 "_since_decline")  # a step reads them per slot
     HALF_LIFE = 32.0  # steps
     WARMUP = 16  # active steps measured before the policy may rest
     SHARE = 0.01  # of the decode time, the most resting's active steps may cost
@@ -103,7 +103,6 @@ class Rest:
         self._proposed = False  # the planner was given this sequence's proposals this step
         self._decline_gap = 0  # steps an active sequence rests after a declined step (doubled)
         self._since_decline = 0  # steps since the last active step the planner declined
-        self._crowded = False  # the last decode held other sequences' rows too (`decode`)
 
     def clone(self) -> "Rest":
         """An independent copy (`Fold._schedule` steps one through a run): its slots one by
@@ -146,7 +145,6 @@ class Rest:
         plain_s; `crowded`: it held other sequences' rows too); decide whether the next
         step proposes."""
         self._close()
-        self._crowded = crowded
         d = self._decay
         self.host, self.saved, self.decode_s = d * self.host, d * self.saved, d * self.decode_s
         woken, self._woken = self._woken, False
@@ -170,7 +168,7 @@ class Rest:
         else:
             self.n_rested += 1
         self._step_host = 0.0
-        self._next()
+        self._next(crowded)
 
     def accepted(self, n_accepted: int, n_drafted: int) -> None:
         """One sequence of the last drafted decode had n_accepted of its n_drafted
@@ -191,7 +189,7 @@ class Rest:
             self.saved += self._accepted * plain_s / n_seqs - (measured_s - plain_s)
             self._open, self._accepted = None, 0
 
-    def _next(self) -> None:
+    def _next(self, crowded: bool) -> None:
         whole, self._whole = self._whole, False
         pays = self.n_active < self.WARMUP or self.saved >= self.host
         if self._trial > 0:
@@ -207,7 +205,7 @@ class Rest:
             return
         self._since += 1  # the period's step; among other sequences not within the decline wait
         self.active = self._since >= self.period() and (
-            not self._crowded or self._since_decline >= self._decline_gap)
+            not crowded or self._since_decline >= self._decline_gap)
         if self.active:
             self._since = 0
 
